@@ -1,0 +1,68 @@
+"""Standard Webhooks signing (https://www.standardwebhooks.com/).
+
+The signed content is ``{event_id}.{timestamp}.{body}``: the RFC's "timestamp,
+event ID and body", in the order Standard Webhooks fixes so that customers can
+verify with the stock ``standardwebhooks``/``svix`` libraries.
+
+Secrets: a secret written ``whsec_<base64>`` is used exactly as Standard
+Webhooks defines it (the key is the base64-decoded part).  A plain secret (any
+other string, as today's workspaces have) is used as its UTF-8 bytes; the
+equivalent Standard Webhooks secret a customer configures is
+``"whsec_" + base64(secret.encode())`` -- see :func:`as_standard_secret`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Iterable
+
+SECRET_PREFIX = "whsec_"
+
+
+class InvalidSecret(ValueError):
+    """A ``whsec_`` secret whose key part is not valid base64."""
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key bytes for a workspace secret."""
+    if secret.startswith(SECRET_PREFIX):
+        try:
+            return base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except ValueError as exc:
+            raise InvalidSecret("secret starts with whsec_ but is not valid base64") from exc
+    return secret.encode("utf-8")
+
+
+def as_standard_secret(secret: str) -> str:
+    """The ``whsec_`` form of a secret, for customers' verification libraries."""
+    if secret.startswith(SECRET_PREFIX):
+        return secret
+    return SECRET_PREFIX + base64.b64encode(secret.encode("utf-8")).decode("ascii")
+
+
+def sign(key: bytes, event_id: str, timestamp: int, body: bytes) -> str:
+    """One ``v1,<base64>`` signature."""
+    mac = hmac.new(key, b"%s.%d." % (event_id.encode("utf-8"), timestamp), hashlib.sha256)
+    mac.update(body)
+    return "v1," + base64.b64encode(mac.digest()).decode("ascii")
+
+
+def signature_header(keys: Iterable[bytes], event_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: one signature per key, space-separated.
+
+    During a secret rotation's grace period the caller passes both keys, so a
+    customer still verifying with the old secret keeps accepting deliveries.
+    """
+    return " ".join(sign(key, event_id, timestamp, body) for key in keys)
+
+
+def verify(keys: Iterable[bytes], event_id: str, timestamp: int, body: bytes, header: str) -> bool:
+    """True when any ``v1`` signature in ``header`` matches any key."""
+    offered = [part for part in header.split() if part.startswith("v1,")]
+    for key in keys:
+        expected = sign(key, event_id, timestamp, body)
+        if any(hmac.compare_digest(expected, candidate) for candidate in offered):
+            return True
+    return False
