@@ -1,0 +1,353 @@
+"""Configuration: every setting declared once, loaded into a frozen object.
+
+Each setting is a dataclass field made with :func:`setting`, which carries its
+default, its parser (the validation) and its one-line doc.  The YAML file is
+walked against these declarations, so an unknown key, a wrong type or a bad
+duration is reported by its dotted name.  The result is immutable and is passed
+down explicitly; nothing reads configuration from globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from dispatcher.policy import BreakerPolicy, RetryPolicies, RetryPolicy
+
+DSN_ENV = "DISPATCHER_DATABASE_DSN"
+EMBEDDED = "embedded"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for one line of output."""
+
+
+Parser = Callable[[Any], Any]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """``250ms``, ``10s``, ``5m``, ``24h``, ``30d`` -> seconds."""
+    if isinstance(value, str):
+        match = _DURATION.match(value)
+        if match:
+            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            if seconds > 0:
+                return seconds
+    raise ConfigError(f"{value!r} is not a duration (write e.g. 250ms, 10s, 5m, 24h)")
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{value!r} is not a positive integer")
+    return value
+
+
+def _port(value: Any) -> int:
+    port = _positive_int(value)
+    if port > 65535:
+        raise ConfigError(f"{value!r} is not a port number")
+    return port
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{value!r} is not true or false")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{value!r} is not a non-empty string")
+    return value
+
+
+def _region(value: Any) -> str:
+    text = _text(value)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", text):
+        raise ConfigError(f"{value!r} is not a region name (lowercase letters, digits, dashes)")
+    return text
+
+
+def _processes(value: Any) -> int:
+    if value == "auto":
+        return os.cpu_count() or 1
+    return _positive_int(value)
+
+
+def _one_of(*choices: str) -> Parser:
+    def parse(value: Any) -> str:
+        if value not in choices:
+            raise ConfigError(f"{value!r} is not one of {', '.join(choices)}")
+        return str(value)
+
+    return parse
+
+
+def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{value!r} is not a list of CIDR networks")
+    try:
+        return tuple(ipaddress.ip_network(str(item), strict=False) for item in value)
+    except ValueError as exc:
+        raise ConfigError(f"bad CIDR network: {exc}") from exc
+
+
+def _listen(value: Any) -> tuple[str, int]:
+    host, sep, port = _text(value).rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"{value!r} is not host:port")
+    return host.strip("[]"), _port(int(port)) if int(port) else 0
+
+
+def setting(default: Any, parse: Parser, doc: str) -> Any:
+    """Declare a setting: its default, its parser/validator and its doc."""
+    return field(default=default, metadata={"parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    dsn: str = setting(EMBEDDED, _text, "libpq DSN, or 'embedded' for a local pgserver Postgres")
+    embedded_dir: str = setting(".dispatcher/pgdata", _text, "data directory of the embedded Postgres")
+    connect_timeout: float = setting(5.0, parse_duration, "how long one connection attempt may take")
+    reconnect_max: float = setting(30.0, parse_duration, "cap of the reconnect backoff after a lost connection")
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    processes: int = setting(_processes("auto"), _processes, "worker processes; 'auto' = one per core")
+    claim_batch: int = setting(200, _positive_int, "rows claimed per claim transaction at most")
+    per_endpoint_concurrency: int = setting(4, _positive_int, "requests in flight to one endpoint per process")
+    poll_interval: float = setting(0.5, parse_duration, "how often an idle worker looks for due rows")
+    lease: float = setting(60.0, parse_duration, "how long a claim is owned before another worker may take it")
+    max_in_flight: int = setting(512, _positive_int, "deliveries a process holds (queued + sending) at most")
+    flush_interval: float = setting(0.05, parse_duration, "how long results wait before their batched write")
+    heartbeat_interval: float = setting(1.0, parse_duration, "how often a worker proves it is alive")
+    heartbeat_timeout: float = setting(30.0, parse_duration, "silence after which a worker is killed and replaced")
+    graceful_timeout: float = setting(15.0, parse_duration, "how long TERM waits for in-flight sends")
+    boot_timeout: float = setting(30.0, parse_duration, "how long a new worker may take to report ready")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    timeout: float = setting(10.0, parse_duration, "total deadline of one attempt, connect to last byte")
+    require_https: bool = setting(True, _boolean, "refuse endpoint URLs that are not https")
+    allow_private_networks: bool = setting(False, _boolean, "allow loopback/private/link-local targets")
+    allow_networks: tuple[Any, ...] = setting((), _networks, "CIDR networks allowed even when private")
+    max_response_bytes: int = setting(65536, _positive_int, "response bytes read at most")
+    client: str = setting("urllib3", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
+
+
+@dataclass(frozen=True)
+class StatsdConfig:
+    host: str = setting("127.0.0.1", _text, "statsd host (UDP); unreachable is ignored")
+    port: int = setting(8125, _port, "statsd UDP port")
+    prefix: str = setting("dispatcher", _text, "prefix of every metric name")
+    enabled: bool = setting(True, _boolean, "send metrics at all")
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    backlog_rows: int = setting(10000, _positive_int, "alert when more pending rows than this are older than backlog_row_age")
+    backlog_row_age: float = setting(300.0, parse_duration, "age that makes a pending row count toward backlog_rows")
+    oldest_pending_age: float = setting(900.0, parse_duration, "alert when the oldest due pending row is older")
+    check_interval: float = setting(10.0, parse_duration, "how often the elected process evaluates alerts and sweeps")
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    dead: float = setting(30 * 86400.0, parse_duration, "keep dead and failed deliveries this long (Q2)")
+    delivered: float = setting(7 * 86400.0, parse_duration, "keep delivered deliveries this long")
+    attempts: float = setting(30 * 86400.0, parse_duration, "keep attempt history this long")
+    batch: int = setting(5000, _positive_int, "rows deleted per pruning statement")
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    listen: tuple[str, int] = setting(("127.0.0.1", 8080), _listen, "host:port of the HTTP API")
+    replays_per_hour: int = setting(100, _positive_int, "replay requests per workspace per hour")
+    max_body_bytes: int = setting(65536, _positive_int, "largest request body accepted")
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    shadow_writes: bool = setting(False, _boolean, "flag off: also write mode='shadow' rows (rollout phase 0)")
+    legacy_timeout: float = setting(5.0, parse_duration, "timeout of the synchronous path used when the flag is off")
+
+
+@dataclass(frozen=True)
+class NotifierConfig:
+    kind: str = setting("log", _one_of("log", "smtp"), "how endpoint owners hear of an opened breaker (Q3)")
+    smtp_host: str = setting("127.0.0.1", _text, "SMTP relay host, for kind: smtp")
+    smtp_port: int = setting(25, _port, "SMTP relay port")
+    smtp_from: str = setting("webhooks@larkspur.invalid", _text, "sender address of notifications")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = setting("INFO", _one_of("DEBUG", "INFO", "WARNING", "ERROR"), "log level")
+    file: str = setting("-", _text, "log file path, '-' for stderr")
+
+
+PolicyOverrides = tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
+
+
+def _policy_overrides(value: Any) -> PolicyOverrides:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{value!r} is not a mapping of event type to policy")
+    allowed = {"max_attempts": _positive_int, "base": parse_duration,
+               "max_interval": parse_duration, "ceiling": parse_duration}
+    parsed: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
+    for event_type, body in value.items():
+        if not isinstance(body, dict):
+            raise ConfigError(f"policy for {event_type!r} is not a mapping")
+        unknown = set(body) - set(allowed)
+        if unknown:
+            raise ConfigError(f"policy for {event_type!r} has unknown key(s) {', '.join(sorted(unknown))}")
+        try:
+            parsed.append((str(event_type), tuple((k, allowed[k](v)) for k, v in body.items())))
+        except ConfigError as exc:
+            raise ConfigError(f"policy for {event_type!r}: {exc}") from None
+    return tuple(parsed)
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    base: float = setting(10.0, parse_duration, "first retry gap; each later gap doubles")
+    max_interval: float = setting(7200.0, parse_duration, "largest gap between two attempts")
+    ceiling: float = setting(86400.0, parse_duration, "last attempt at most this long after creation, then dead")
+    jitter: float = setting(0.2, lambda v: _fraction(v), "a gap is drawn from [gap*(1-jitter), gap]")
+    policies: PolicyOverrides = setting((), _policy_overrides,
+                                                       "per event type overrides, e.g. max_attempts: 1")
+
+    def retry_policies(self) -> RetryPolicies:
+        default = RetryPolicy(base=self.base, max_interval=self.max_interval,
+                              ceiling=self.ceiling, jitter=self.jitter)
+        by_type = {name: dataclasses.replace(default, **dict(overrides)) for name, overrides in self.policies}
+        return RetryPolicies(default=default, by_event_type=MappingProxyType(by_type))
+
+
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{value!r} is not a number in [0, 1)")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    failure_threshold: int = setting(20, _positive_int, "consecutive failures that open the breaker")
+    open_for: float = setting(300.0, parse_duration, "how long an opened breaker stays open before one probe")
+
+    def policy(self) -> BreakerPolicy:
+        return BreakerPolicy(failure_threshold=self.failure_threshold, open_for=self.open_for)
+
+
+_SECTIONS: dict[str, type] = {
+    "database": DatabaseConfig, "workers": WorkersConfig, "http": HttpConfig, "retry": RetryConfig,
+    "breaker": BreakerConfig, "statsd": StatsdConfig, "alerts": AlertsConfig, "retention": RetentionConfig,
+    "api": ApiConfig, "producer": ProducerConfig, "notifier": NotifierConfig, "logging": LoggingConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    region: str = setting("local", _region, "region name; each region runs its own dispatchers and database (Q4)")
+    dry_run: bool = setting(False, _boolean, "mark rows delivered without sending (rollout phase 0)")
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    statsd: StatsdConfig = field(default_factory=StatsdConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    producer: ProducerConfig = field(default_factory=ProducerConfig)
+    notifier: NotifierConfig = field(default_factory=NotifierConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    source: str = field(default="<defaults>", compare=False)
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'top level'}: expected a mapping, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}{unknown[0]}")
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        section = _SECTIONS.get(name) if cls is Config else None
+        if section is not None:
+            values[name] = _build(section, value if value is not None else {}, f"{name}.")
+            continue
+        try:
+            values[name] = fields[name].metadata["parse"](value)
+        except ConfigError as exc:
+            raise ConfigError(f"{prefix}{name}: {exc}") from None
+    return cls(**values)
+
+
+def config_from_mapping(raw: Mapping[str, Any], env: Mapping[str, str] | None = None,
+                        source: str = "<mapping>") -> Config:
+    """Build a validated Config from parsed YAML, applying environment overrides."""
+    config = _build(Config, dict(raw), "")
+    environ = os.environ if env is None else env
+    dsn = environ.get(DSN_ENV)
+    if dsn:
+        config = dataclasses.replace(config, database=dataclasses.replace(config.database, dsn=dsn))
+    config = dataclasses.replace(config, source=source)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    # A row may wait one full deadline in the local queue and one while sending;
+    # a shorter lease would let a second worker take it while it is still ours.
+    floor = 2 * config.http.timeout
+    if config.workers.lease <= floor:
+        raise ConfigError(f"workers.lease ({config.workers.lease:g}s) must exceed 2 x http.timeout ({floor:g}s)")
+    if config.retry.max_interval < config.retry.base:
+        raise ConfigError("retry.max_interval must not be shorter than retry.base")
+
+
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
+    """Read a YAML file into a Config; raises ConfigError with a one-line reason."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {file} is not valid YAML{where}") from None
+    return config_from_mapping(raw or {}, env, source=str(file))
+
+
+def describe_settings() -> list[tuple[str, str, str]]:
+    """(dotted name, default, doc) of every setting, for docs and ``--help``."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            if f.name in _SECTIONS and cls is Config:
+                walk(_SECTIONS[f.name], f"{f.name}.")
+            elif "doc" in f.metadata:
+                rows.append((prefix + f.name, repr(f.default), f.metadata["doc"]))
+
+    walk(Config, "")
+    return rows

@@ -1,0 +1,16 @@
+"""Named process exit codes, shared by the CLI, the supervisor and workers."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILURE = 1                 # a command failed (e.g. a row it names does not exist)
+    USAGE = 2                   # bad command-line input
+    CONFIG = 2                  # bad configuration: same family as usage, per the CLI contract
+    DATABASE_UNAVAILABLE = 3    # could not reach the database at boot
+    WORKER_BOOT_FAILED = 4      # a worker could not boot; the supervisor halts instead of looping
+    WORKER_FAILED = 5           # a worker died of an unexpected error after booting
+    INTERRUPTED = 130           # SIGINT at the terminal

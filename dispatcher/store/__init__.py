@@ -1,0 +1,184 @@
+"""The store: the one package that executes SQL.
+
+Queries are data: they live in ``dispatcher/sql/*.sql`` as named blocks and
+the schema in numbered files under ``sql/migrations``.  This module holds the
+connection, the loader, migrations and the producer/admin writes;
+``store.engine`` holds the dispatcher's claim and result writes and
+``store.history`` the API's reads.  Nothing outside this package runs SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from types import MappingProxyType
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+
+Connection = psycopg2.extensions.connection
+
+
+class StoreError(Exception):
+    """A database problem phrased for one line of output."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database could not be reached (or the connection was lost)."""
+
+
+class NotFound(StoreError):
+    """The named row does not exist."""
+
+
+class LimitReached(StoreError):
+    """A database-enforced limit refused the write."""
+
+
+def _load_queries() -> Mapping[str, str]:
+    """Every named query of every ``sql/*.sql`` file; a name may appear once."""
+    queries: dict[str, str] = {}
+    for entry in sorted(resources.files("dispatcher.sql").iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        for block in re.split(r"^-- name: ", entry.read_text(encoding="utf-8"), flags=re.MULTILINE)[1:]:
+            name, _, body = block.partition("\n")
+            if name.strip() in queries:
+                raise RuntimeError(f"query {name.strip()!r} is defined twice ({entry.name})")
+            queries[name.strip()] = body.strip()
+    return MappingProxyType(queries)
+
+
+QUERIES = _load_queries()
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations() -> list[Migration]:
+    """The numbered migrations shipped in the package, in order."""
+    found = []
+    folder = resources.files("dispatcher.sql").joinpath("migrations")
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_(\w+)\.sql", entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text(encoding="utf-8")))
+    return sorted(found, key=lambda m: m.version)
+
+
+def connect(dsn: str, connect_timeout: float = 5.0, application_name: str = "dispatcher") -> Connection:
+    """Open a connection, turning libpq's multi-line failure into one line."""
+    try:
+        return psycopg2.connect(dsn, connect_timeout=max(1, int(connect_timeout)),
+                                application_name=application_name)
+    except psycopg2.OperationalError as exc:
+        first_line = (str(exc).strip().splitlines() or ["unknown error"])[0]
+        raise DatabaseUnavailable(f"cannot connect to the database: {first_line}") from None
+
+
+def run_query(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    with conn.cursor() as cur:
+        cur.execute(QUERIES[name], params)
+        return cur.fetchall() if cur.description else []
+
+
+def migrate(conn: Connection) -> list[int]:
+    """Apply every migration not applied yet; returns the versions applied now.
+
+    Safe to run concurrently: a transaction-scoped advisory lock serialises
+    migrators, and each re-reads what is applied once it holds the lock.
+    """
+    applied_now: list[int] = []
+    with conn:
+        run_query(conn, "migrate_lock")
+        run_query(conn, "migrations_table")
+        done = {row[0] for row in run_query(conn, "applied_migrations")}
+        for migration in migrations():
+            if migration.version in done:
+                continue
+            with conn.cursor() as cur:
+                cur.execute(migration.sql)
+            run_query(conn, "record_migration", {"version": migration.version, "name": migration.name})
+            applied_now.append(migration.version)
+    return applied_now
+
+
+def create_workspace(conn: Connection, workspace_id: str, secret: str, flags: Mapping[str, Any]) -> bool:
+    """Create a workspace (or merge flags into an existing one); True if it existed."""
+    with conn:
+        rows = run_query(conn, "create_workspace", {"id": workspace_id, "secret": secret, "flags": json.dumps(dict(flags))})
+    return bool(rows[0][1])
+
+
+def set_workspace_flags(conn: Connection, workspace_id: str, flags: Mapping[str, Any]) -> None:
+    with conn:
+        if not run_query(conn, "set_workspace_flag", {"id": workspace_id, "flags": json.dumps(dict(flags))}):
+            raise NotFound(f"workspace {workspace_id!r} does not exist")
+
+
+def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) -> None:
+    with conn:
+        if not run_query(conn, "rotate_workspace_secret", {"id": workspace_id, "secret": secret}):
+            raise NotFound(f"workspace {workspace_id!r} does not exist")
+
+
+def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str]) -> int:
+    """Register an endpoint; the database enforces 10 active per workspace."""
+    try:
+        with conn:
+            if not run_query(conn, "workspace_exists", {"id": workspace_id}):
+                raise NotFound(f"workspace {workspace_id!r} does not exist")
+            rows = run_query(conn, "add_endpoint", {"workspace_id": workspace_id, "url": url,
+                                               "event_types": list(event_types)})
+    except psycopg2.errors.CheckViolation as exc:
+        raise LimitReached(exc.diag.message_primary or "endpoint limit reached") from None
+    return int(rows[0][0])
+
+
+def set_endpoint_active(conn: Connection, endpoint_id: int, active: bool) -> None:
+    try:
+        with conn:
+            if not run_query(conn, "set_endpoint_active", {"id": endpoint_id, "active": active}):
+                raise NotFound(f"endpoint {endpoint_id} does not exist")
+    except psycopg2.errors.CheckViolation as exc:
+        raise LimitReached(exc.diag.message_primary or "endpoint limit reached") from None
+
+
+def delete_endpoint(conn: Connection, endpoint_id: int) -> None:
+    with conn:
+        if not run_query(conn, "delete_endpoint", {"id": endpoint_id}):
+            raise NotFound(f"endpoint {endpoint_id} does not exist")
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """What ``send_event`` wrote, and what the legacy path needs when it wrote nothing live."""
+
+    mode: str | None
+    sequence: int | None
+    deliveries: int
+    secrets: tuple[str, ...]
+    legacy_urls: tuple[str, ...]
+
+
+def send_event(conn: Connection, params: Mapping[str, Any]) -> SendResult | None:
+    """Run the producer's single statement inside the caller's transaction.
+
+    Returns None when the workspace does not exist (nothing was written).
+    """
+    rows = run_query(conn, "send_event", params)
+    if not rows:
+        return None
+    mode, sequence, deliveries, secret, previous, in_grace, urls = rows[0]
+    secrets = tuple(s for s in (secret, previous if in_grace else None) if s)
+    return SendResult(mode, sequence, int(deliveries), secrets, tuple(urls or ()))
