@@ -155,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(ExitCode.USAGE, str(exc))
     except (store.DatabaseUnavailable, EmbeddedUnavailable) as exc:
         _fail(ExitCode.DATABASE_UNAVAILABLE, str(exc))
+    except store.SchemaOutdated as exc:
+        _fail(ExitCode.SCHEMA_OUTDATED, str(exc))
     except store.StoreError as exc:
         _fail(ExitCode.FAILURE, str(exc))
     except KeyboardInterrupt:

@@ -24,6 +24,9 @@ import yaml
 from dispatcher.policy import BreakerPolicy, RetryPolicies, RetryPolicy
 
 DSN_ENV = "DISPATCHER_DATABASE_DSN"
+# The supervisor resolves the DSN once (starting the embedded server if need
+# be) and hands the result to its workers through this variable.
+WORKER_DSN_ENV = "DISPATCHER_WORKER_DSN"
 EMBEDDED = "embedded"
 
 
@@ -159,7 +162,8 @@ class StatsdConfig:
 
 @dataclass(frozen=True)
 class AlertsConfig:
-    backlog_rows: int = setting(10000, _positive_int, "alert when more pending rows than this are older than backlog_row_age")
+    backlog_rows: int = setting(10000, _positive_int,
+                                "alert when more pending rows than this are due for longer than backlog_row_age")
     backlog_row_age: float = setting(300.0, parse_duration, "age that makes a pending row count toward backlog_rows")
     oldest_pending_age: float = setting(900.0, parse_duration, "alert when the oldest due pending row is older")
     check_interval: float = setting(10.0, parse_duration, "how often the elected process evaluates alerts and sweeps")
@@ -192,6 +196,7 @@ class NotifierConfig:
     smtp_host: str = setting("127.0.0.1", _text, "SMTP relay host, for kind: smtp")
     smtp_port: int = setting(25, _port, "SMTP relay port")
     smtp_from: str = setting("webhooks@larkspur.invalid", _text, "sender address of notifications")
+    smtp_to: str = setting("webhook-support@larkspur.invalid", _text, "where breaker notifications are mailed")
 
 
 @dataclass(frozen=True)

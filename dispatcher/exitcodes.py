@@ -13,4 +13,5 @@ class ExitCode(enum.IntEnum):
     DATABASE_UNAVAILABLE = 3    # could not reach the database at boot
     WORKER_BOOT_FAILED = 4      # a worker could not boot; the supervisor halts instead of looping
     WORKER_FAILED = 5           # a worker died of an unexpected error after booting
+    SCHEMA_OUTDATED = 6         # the database is reachable but not migrated
     INTERRUPTED = 130           # SIGINT at the terminal

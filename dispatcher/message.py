@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from dispatcher import __version__
 from dispatcher.signing import secret_key, signature_header
@@ -18,7 +18,7 @@ USER_AGENT = f"Larkspur-Webhooks/{__version__}"
 
 def format_timestamp(moment: datetime) -> str:
     """RFC 3339 UTC with microseconds, the same text the store's claim returns."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def event_body(event_id: str, event_type: str, workspace_id: str, sequence: int | None,
@@ -27,7 +27,7 @@ def event_body(event_id: str, event_type: str, workspace_id: str, sequence: int 
     text from the database), so retries and replays send identical bytes."""
     head = json.dumps({"id": event_id, "type": event_type, "workspace_id": workspace_id,
                        "sequence": sequence, "occurred_at": occurred_at}, separators=(",", ":"))
-    return f'{head[:-1]},"data":{payload_json}}}'.encode("utf-8")
+    return f'{head[:-1]},"data":{payload_json}}}'.encode()
 
 
 def signing_keys(secrets: Sequence[str]) -> tuple[bytes, ...]:

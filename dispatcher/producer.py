@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
@@ -83,7 +83,7 @@ class WebhookSender:
         except (TypeError, ValueError) as exc:
             raise ProducerError(f"event payload is not JSON-serialisable: {exc}") from None
         event_id = event.id or str(uuid.uuid4())
-        occurred_at = event.occurred_at or datetime.now(timezone.utc)
+        occurred_at = event.occurred_at or datetime.now(UTC)
         result = store.send_event(conn, {
             "workspace_id": event.workspace_id, "type": event.type, "event_id": event_id,
             "occurred_at": occurred_at, "payload": payload,

@@ -8,6 +8,9 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migrations_table_exists
+SELECT to_regclass('schema_migrations') IS NOT NULL;
+
 -- name: migrate_lock
 SELECT pg_advisory_xact_lock(hashtext('dispatcher.migrate'));
 

@@ -33,6 +33,10 @@ class DatabaseUnavailable(StoreError):
     """The database could not be reached (or the connection was lost)."""
 
 
+class SchemaOutdated(StoreError):
+    """The database lacks migrations this code needs."""
+
+
 class NotFound(StoreError):
     """The named row does not exist."""
 
@@ -113,10 +117,19 @@ def migrate(conn: Connection) -> list[int]:
     return applied_now
 
 
+def pending_migrations(conn: Connection) -> list[int]:
+    """Versions shipped with this code but not applied to the database."""
+    with conn:
+        exists = run_query(conn, "migrations_table_exists")[0][0]
+        done = {row[0] for row in run_query(conn, "applied_migrations")} if exists else set()
+    return [m.version for m in migrations() if m.version not in done]
+
+
 def create_workspace(conn: Connection, workspace_id: str, secret: str, flags: Mapping[str, Any]) -> bool:
     """Create a workspace (or merge flags into an existing one); True if it existed."""
     with conn:
-        rows = run_query(conn, "create_workspace", {"id": workspace_id, "secret": secret, "flags": json.dumps(dict(flags))})
+        rows = run_query(conn, "create_workspace",
+                         {"id": workspace_id, "secret": secret, "flags": json.dumps(dict(flags))})
     return bool(rows[0][1])
 
 

@@ -1,0 +1,127 @@
+"""One delivery attempt: from a claimed row to a classified, recordable result.
+
+``DeliveryMaker.attempt`` decides whether the row can be sent at all
+(terminal cases), signs and POSTs it through the transport, and hands the
+result to ``policy.classify`` -- the one place an outcome is decided.  It never
+raises: a row whose processing blows up (a poison row) uses up its attempt
+and ends ``dead``, and the worker goes on with the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+from dispatcher.config import Config
+from dispatcher.message import delivery_headers, event_body, signing_keys
+from dispatcher.netguard import OutboundPolicy
+from dispatcher.policy import BreakerSignal, Outcome, RetryPolicies, Verdict, classify, terminal
+from dispatcher.redact import excerpt, scrub
+from dispatcher.signing import InvalidSecret
+from dispatcher.store.engine import AttemptRecord, ClaimedRow
+from dispatcher.transport import Transport, TransportResult, make_transport
+
+log = logging.getLogger("dispatcher.delivery")
+
+_STATUS_OF = {Verdict.DELIVERED: "delivered", Verdict.RETRY: "pending", Verdict.DEAD: "dead",
+              Verdict.FAILED: "failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """A finished attempt: the row update to write, plus what metrics and the breaker need."""
+
+    record: AttemptRecord
+    event_id: str
+    breaker: BreakerSignal
+    commit_to_2xx: float | None   # seconds from the row's creation to its 2xx
+
+
+def outbound_policy(config: Config) -> OutboundPolicy:
+    return OutboundPolicy(require_https=config.http.require_https,
+                          allow_private_networks=config.http.allow_private_networks,
+                          allow_networks=tuple(config.http.allow_networks))
+
+
+def build_transport(config: Config) -> Transport:
+    return make_transport(config.http.client, timeout=config.http.timeout,
+                          max_response_bytes=config.http.max_response_bytes, policy=outbound_policy(config),
+                          maxsize=config.workers.per_endpoint_concurrency)
+
+
+class DeliveryMaker:
+    def __init__(self, transport: Transport, policies: RetryPolicies, dry_run: bool) -> None:
+        self._transport = transport
+        self._policies = policies
+        self._dry_run = dry_run
+        self._rng = random.Random()
+        self._in_flight: dict[int, ClaimedRow] = {}
+
+    @classmethod
+    def from_config(cls, config: Config) -> DeliveryMaker:
+        return cls(build_transport(config), config.retry.retry_policies(), config.dry_run)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def in_flight(self) -> list[ClaimedRow]:
+        return list(self._in_flight.values())
+
+    def attempt(self, row: ClaimedRow, claimed_at: float) -> Attempt:
+        """Make one attempt for ``row``; never raises."""
+        started = time.monotonic()
+        self._in_flight[row.id] = row
+        status_code: int | None = None
+        body_excerpt: str | None = None
+        try:
+            result = self._send(row)
+            if isinstance(result, TransportResult):
+                status_code = result.status
+                body_excerpt = excerpt(result.body) if result.status is not None else None
+                outcome = self._classify(row, result, claimed_at)
+            else:
+                outcome = result
+        except Exception as exc:  # a poison row must not take the worker down
+            log.exception("attempt raised for delivery %d; it ends dead", row.id)
+            outcome = Outcome(Verdict.DEAD, "failed", None, BreakerSignal.IGNORE,
+                              scrub(f"internal error: {type(exc).__name__}: {exc}")[:256])
+        finally:
+            self._in_flight.pop(row.id, None)
+        return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at)
+
+    def _send(self, row: ClaimedRow) -> TransportResult | Outcome:
+        """The transport's result, or the outcome of a row that is not sent."""
+        if row.url is None:
+            return terminal("endpoint deleted")
+        if not row.active:
+            return terminal("endpoint deactivated")
+        if row.event_type is None or row.payload is None:
+            return terminal("event not found")
+        if row.mode == "shadow" or self._dry_run:
+            return Outcome(Verdict.DELIVERED, "delivered", None, BreakerSignal.IGNORE, None)
+        try:
+            keys = signing_keys([s for s in (row.secret, row.previous_secret) if s])
+        except InvalidSecret as exc:
+            return terminal(f"workspace secret unusable: {exc}")
+        body = event_body(row.event_id, row.event_type, row.workspace_id or "", row.sequence,
+                          row.occurred_at or "", row.payload)
+        headers = delivery_headers(row.event_id, row.attempt, int(time.time()), body, keys)
+        return self._transport.post(row.url, headers, body)
+
+    def _classify(self, row: ClaimedRow, result: TransportResult, claimed_at: float) -> Outcome:
+        elapsed = time.monotonic() - claimed_at
+        policy = self._policies.for_event_type(row.event_type or "")
+        return classify(result, row.attempt, row.age + elapsed, policy, row.db_now + elapsed, self._rng.random())
+
+    def _attempt_of(self, row: ClaimedRow, outcome: Outcome, status_code: int | None, body_excerpt: str | None,
+                    started: float, claimed_at: float) -> Attempt:
+        finished = time.monotonic()
+        record = AttemptRecord(
+            id=row.id, claim_token=row.claim_token, endpoint_id=row.endpoint_id,
+            status=_STATUS_OF[outcome.verdict], attempt=row.attempt, delay=outcome.delay or 0.0,
+            error=outcome.error, status_code=status_code, result=outcome.result,
+            started_mono=started, duration_ms=int((finished - started) * 1000), excerpt=body_excerpt)
+        to_2xx = row.age + (finished - claimed_at) if outcome.verdict is Verdict.DELIVERED else None
+        return Attempt(record, row.event_id, outcome.breaker, to_2xx)

@@ -1,0 +1,212 @@
+-- The dispatcher's queries, executed only by dispatcher/store/engine.py.
+-- Every due/lease/retry time is computed from the database clock (now()).
+
+-- name: engine_claim
+-- One short transaction, committed before any POST (docs/claim.md):
+--  1. probes: flip at most a few expired-open breakers to half_open, with a
+--     probe lease in open_until; FOR UPDATE SKIP LOCKED makes exactly one
+--     process across the fleet the prober of an endpoint.
+--  2. walk the endpoints that have pending rows (a loose index scan over
+--     webhook_deliveries_due), starting after a rotating cursor and wrapping,
+--     and take at most per_endpoint due rows from each: no endpoint can fill
+--     a batch, and every endpoint is visited in turn.
+--  3. stamp the lease: next_attempt_at moves to the lease end, so a crashed
+--     owner's rows come due again by themselves; claim_token fences results.
+WITH RECURSIVE token AS (
+    SELECT nextval('webhook_claim_tokens') AS value
+), probe_ids AS (
+    UPDATE endpoint_state s
+       SET state = 'half_open', open_until = now() + make_interval(secs => %(lease)s), updated_at = now()
+     WHERE s.endpoint_id IN (
+            SELECT o.endpoint_id FROM endpoint_state o
+             WHERE o.state <> 'closed' AND o.open_until <= now()
+               AND o.endpoint_id <> ALL (%(busy)s::bigint[])
+               AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                            WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
+                              AND d.next_attempt_at <= now())
+             ORDER BY o.open_until
+             LIMIT 16
+               FOR UPDATE SKIP LOCKED)
+    RETURNING s.endpoint_id
+), probe_rows AS (
+    SELECT d.id FROM probe_ids p CROSS JOIN LATERAL (
+        SELECT d.id FROM webhook_deliveries d
+         WHERE d.endpoint_id = p.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
+         ORDER BY d.next_attempt_at
+         LIMIT 1
+           FOR UPDATE SKIP LOCKED) d
+), after_cursor(endpoint_id) AS (
+    (SELECT endpoint_id FROM webhook_deliveries
+      WHERE status = 'pending' AND endpoint_id > %(after)s ORDER BY endpoint_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
+             WHERE d.status = 'pending' AND d.endpoint_id > a.endpoint_id ORDER BY d.endpoint_id LIMIT 1)
+      FROM after_cursor a WHERE a.endpoint_id IS NOT NULL
+), before_cursor(endpoint_id) AS (
+    (SELECT endpoint_id FROM webhook_deliveries
+      WHERE status = 'pending' ORDER BY endpoint_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
+             WHERE d.status = 'pending' AND d.endpoint_id > b.endpoint_id ORDER BY d.endpoint_id LIMIT 1)
+      FROM before_cursor b WHERE b.endpoint_id IS NOT NULL AND b.endpoint_id <= %(after)s
+), endpoints AS (
+    SELECT endpoint_id FROM after_cursor WHERE endpoint_id IS NOT NULL
+    UNION ALL
+    SELECT endpoint_id FROM before_cursor WHERE endpoint_id IS NOT NULL AND endpoint_id <= %(after)s
+), candidates AS (
+    SELECT d.id FROM endpoints e CROSS JOIN LATERAL (
+        SELECT d.id FROM webhook_deliveries d
+         WHERE d.endpoint_id = e.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
+         ORDER BY d.next_attempt_at
+         LIMIT %(per_endpoint)s
+           FOR UPDATE SKIP LOCKED) d
+     WHERE e.endpoint_id <> ALL (%(busy)s::bigint[])
+       AND NOT EXISTS (SELECT 1 FROM endpoint_state s
+                        WHERE s.endpoint_id = e.endpoint_id AND s.state <> 'closed')
+     LIMIT %(limit)s
+), claimed AS (
+    UPDATE webhook_deliveries w
+       SET next_attempt_at = now() + make_interval(secs => %(lease)s),
+           locked_until = now() + make_interval(secs => %(lease)s),
+           locked_by = %(owner)s,
+           claim_token = token.value
+      FROM (SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates) c, token
+     WHERE w.id = c.id
+    RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token
+)
+SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt, c.mode,
+       extract(epoch FROM now() - c.created_at)::float8 AS age,
+       extract(epoch FROM now())::float8 AS db_now,
+       c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
+       ev.type, ev.sequence,
+       to_char(ev.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
+       ev.payload::text AS payload,
+       ep.url, ep.active, ws.secret,
+       CASE WHEN ws.secret_rotated_at > now() - interval '24 hours' THEN ws.previous_secret END
+           AS previous_secret,
+       ws.id AS workspace_id
+  FROM claimed c
+  LEFT JOIN events ev ON ev.id = c.event_id
+  LEFT JOIN webhook_endpoints ep ON ep.id = c.endpoint_id
+  LEFT JOIN workspaces ws ON ws.id = c.workspace_id;
+
+-- name: engine_record
+-- One statement per flush: every result of the batch, fenced by its claim
+-- token so a worker whose lease lapsed cannot overwrite the new owner's
+-- result, and the attempt history appended for exactly the rows it wrote.
+WITH results AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(statuses)s::text[],
+                         %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[],
+                         %(status_codes)s::int[], %(results)s::text[], %(started_ago)s::float8[],
+                         %(durations_ms)s::int[], %(excerpts)s::text[], %(endpoint_ids)s::bigint[])
+        AS r(id, token, status, attempt, delay, error, status_code, result, started_ago,
+             duration_ms, excerpt, endpoint_id)
+), updated AS (
+    UPDATE webhook_deliveries w
+       SET status = r.status,
+           attempt = r.attempt,
+           next_attempt_at = CASE WHEN r.status = 'pending'
+                                  THEN now() + make_interval(secs => r.delay) ELSE w.next_attempt_at END,
+           last_error = r.error,
+           last_status_code = r.status_code,
+           delivered_at = CASE WHEN r.status = 'delivered' THEN now() END,
+           finished_at = CASE WHEN r.status <> 'pending' THEN now() END,
+           locked_by = NULL, locked_until = NULL, claim_token = NULL
+      FROM results r
+     WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
+    RETURNING w.id
+), history AS (
+    INSERT INTO webhook_delivery_attempts
+           (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, status_code, error,
+            response_excerpt, claim_token)
+    SELECT r.id, r.endpoint_id, r.attempt, now() - make_interval(secs => r.started_ago), r.duration_ms,
+           r.result, r.status_code, r.error, r.excerpt, r.token
+      FROM results r JOIN updated u ON u.id = r.id
+)
+SELECT id FROM updated;
+
+-- name: engine_breaker_ensure
+INSERT INTO endpoint_state (endpoint_id)
+SELECT unnest(%(endpoint_ids)s::bigint[])
+ON CONFLICT (endpoint_id) DO NOTHING;
+
+-- name: engine_breaker_lock
+-- Locked in id order so that concurrent flushes never deadlock.
+SELECT endpoint_id, state, consecutive_failures, extract(epoch FROM open_until)::float8,
+       extract(epoch FROM now())::float8
+  FROM endpoint_state
+ WHERE endpoint_id = ANY (%(endpoint_ids)s::bigint[])
+ ORDER BY endpoint_id
+   FOR UPDATE;
+
+-- name: engine_breaker_write
+UPDATE endpoint_state s
+   SET state = v.state,
+       consecutive_failures = v.failures,
+       open_until = to_timestamp(v.open_until),
+       opened_at = CASE WHEN v.state = 'open' AND s.state <> 'open' THEN now() ELSE s.opened_at END,
+       last_success_at = CASE WHEN v.succeeded THEN now() ELSE s.last_success_at END,
+       last_failure_at = CASE WHEN v.failed THEN now() ELSE s.last_failure_at END,
+       last_error = CASE WHEN v.failed THEN v.error ELSE s.last_error END,
+       updated_at = now()
+  FROM unnest(%(endpoint_ids)s::bigint[], %(states)s::text[], %(failures)s::int[], %(open_until)s::float8[],
+              %(succeeded)s::bool[], %(failed)s::bool[], %(errors)s::text[])
+       AS v(endpoint_id, state, failures, open_until, succeeded, failed, error)
+ WHERE s.endpoint_id = v.endpoint_id;
+
+-- name: engine_release
+-- Hand unsent claimed rows back at once (graceful shutdown), fenced.
+UPDATE webhook_deliveries w
+   SET next_attempt_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+ WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
+RETURNING w.id;
+
+-- name: engine_release_owner
+-- The supervisor hands back every row a dead worker had claimed.
+UPDATE webhook_deliveries
+   SET next_attempt_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL
+ WHERE status = 'pending' AND locked_by = %(owner)s
+RETURNING id;
+
+-- name: engine_try_leader
+SELECT pg_try_advisory_lock(hashtext('dispatcher.leader.' || %(region)s));
+
+-- name: engine_backlog
+-- Bounded: the count stops at threshold + 1, and the oldest due row skips
+-- endpoints whose breaker is open (their wait is by design, not backlog).
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM webhook_deliveries
+             WHERE status = 'pending' AND next_attempt_at <= now() - make_interval(secs => %(row_age)s)
+             LIMIT %(threshold)s + 1) old) AS old_rows,
+       (SELECT extract(epoch FROM now() - d.next_attempt_at)::float8
+          FROM webhook_deliveries d
+         WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+           AND NOT EXISTS (SELECT 1 FROM endpoint_state s
+                            WHERE s.endpoint_id = d.endpoint_id AND s.state = 'open')
+         ORDER BY d.next_attempt_at
+         LIMIT 1) AS oldest_age,
+       (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
+
+-- name: engine_open_breakers
+SELECT endpoint_id, state FROM endpoint_state WHERE state <> 'closed' ORDER BY endpoint_id;
+
+-- name: engine_expired_candidates
+-- Rows of endpoints whose breaker is not closed that may have passed their
+-- retry ceiling; the retry policy (per event type) decides which are dead.
+SELECT d.id, coalesce(ev.type, ''), extract(epoch FROM now() - d.created_at)::float8
+  FROM endpoint_state s
+  JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id AND d.status = 'pending'
+  LEFT JOIN events ev ON ev.id = d.event_id
+ WHERE s.state <> 'closed'
+   AND d.created_at <= now() - make_interval(secs => %(min_ceiling)s)
+   AND (d.locked_until IS NULL OR d.locked_until < now())
+ LIMIT %(limit)s;
+
+-- name: engine_mark_expired
+UPDATE webhook_deliveries
+   SET status = 'dead', finished_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL,
+       last_error = coalesce(last_error || '; ', '') || 'retry window ended while the endpoint breaker was open'
+ WHERE id = ANY (%(ids)s::bigint[]) AND status = 'pending'
+   AND (locked_until IS NULL OR locked_until < now())
+RETURNING id;

@@ -1,0 +1,290 @@
+"""The supervisor: one worker process per core, kept alive (gunicorn's arbiter).
+
+Signal handlers only queue the signal and wake the main loop; the loop acts:
+
+* TERM: graceful -- workers stop claiming, finish in-flight sends within the
+  grace period and hand unsent rows back; then exit 0.
+* INT, QUIT: fast -- workers exit at once; their leases are released here.
+* HUP: reload the config file and replace every worker.
+* TTIN / TTOU: one worker more / fewer.
+
+Workers are started with fork+exec (``python -m dispatcher.worker_main``)
+rather than a bare fork, so each one monkey-patches in a fresh interpreter
+before anything imports ``socket``/``ssl``/``threading``, and gets a fresh hub,
+its own database connections and its own connection pools.
+
+Health: every worker touches its heartbeat file; one that stays silent past
+``workers.heartbeat_timeout`` is killed and replaced.  A worker that dies
+after booting is restarted with backoff and the rows it had claimed are
+released at once.  A worker that fails to *boot* (exit code
+WORKER_BOOT_FAILED) halts the supervisor: that is a deployment problem, and a
+crash loop would only hide it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dispatcher import store
+from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
+from dispatcher.embedded import resolve_dsn
+from dispatcher.exitcodes import ExitCode
+from dispatcher.store.engine import EngineStore, ManagedConnection
+
+log = logging.getLogger("dispatcher.supervisor")
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,
+                   signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
+RESTART_BACKOFF_MAX = 30.0
+STABLE_AFTER = 60.0
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen[bytes]
+    owner: str
+    heartbeat: Path
+    started: float = field(default_factory=time.monotonic)
+    retiring: bool = False
+
+    def is_ready(self) -> bool:
+        try:
+            return self.heartbeat.stat().st_size > 0
+        except OSError:
+            return False
+
+    def silent_for(self) -> float:
+        try:
+            return time.time() - self.heartbeat.stat().st_mtime
+        except OSError:
+            return float("inf")
+
+
+class Supervisor:
+    def __init__(self, config: Config, dsn: str) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.target = config.workers.processes
+        self.workers: list[WorkerProcess] = []
+        self._signals: list[int] = []
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._dir = Path(tempfile.mkdtemp(prefix="dispatcher-heartbeats-"))
+        self._spawned = 0
+        self._crashes = 0
+        self._next_spawn_at = 0.0
+        self._connection = ManagedConnection(dsn, "dispatcher supervisor", config.database.connect_timeout)
+        self._leases = EngineStore(self._connection)
+
+    # -- signals: the handler only queues -----------------------------------
+
+    def _queue_signal(self, signum: int, frame: object) -> None:
+        if len(self._signals) < 16:
+            self._signals.append(signum)
+        try:
+            os.write(self._wake_write, b".")
+        except BlockingIOError:
+            pass
+
+    def _install_signals(self) -> None:
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, self._queue_signal)
+
+    def _sleep(self, seconds: float) -> None:
+        ready, _, _ = select.select([self._wake_read], [], [], seconds)
+        if ready:
+            try:
+                while os.read(self._wake_read, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    # -- main loop ----------------------------------------------------------
+
+    def run(self) -> int:
+        self._install_signals()
+        log.info("supervisor pid %d starting %d worker(s) for region %s", os.getpid(), self.target,
+                 self.config.region)
+        try:
+            while True:
+                self._sleep(0.5)
+                while self._signals:
+                    code = self._handle(self._signals.pop(0))
+                    if code is not None:
+                        return code
+                halt = self._reap()
+                if halt is not None:
+                    self._stop(graceful=False)
+                    return halt
+                self._kill_stuck()
+                self._spawn_missing()
+        finally:
+            self._cleanup()
+
+    def _handle(self, signum: int) -> int | None:
+        if signum == signal.SIGTERM:
+            log.info("TERM: graceful shutdown")
+            self._stop(graceful=True)
+            return ExitCode.OK
+        if signum in (signal.SIGINT, signal.SIGQUIT):
+            log.info("%s: fast shutdown", signal.Signals(signum).name)
+            self._stop(graceful=False)
+            return ExitCode.OK
+        if signum == signal.SIGHUP:
+            self._reload()
+        elif signum == signal.SIGTTIN:
+            self.target += 1
+            log.info("TTIN: %d worker(s)", self.target)
+        elif signum == signal.SIGTTOU and self.target > 1:
+            self.target -= 1
+            log.info("TTOU: %d worker(s)", self.target)
+            self._retire(self._active()[: len(self._active()) - self.target])
+        return None
+
+    def _reload(self) -> None:
+        try:
+            config = load_config(self.config.source)
+        except ConfigError as exc:
+            log.error("HUP: config not reloaded, keeping the running one: %s", exc)
+            return
+        log.info("HUP: config reloaded from %s; replacing workers", config.source)
+        self.config = config
+        self.target = config.workers.processes
+        self._retire(self._active())
+
+    def _active(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if not w.retiring]
+
+    def _retire(self, workers: list[WorkerProcess]) -> None:
+        for worker in workers:
+            worker.retiring = True
+            self._signal(worker, signal.SIGTERM)
+
+    # -- spawning and reaping -----------------------------------------------
+
+    def _spawn_missing(self) -> None:
+        while len(self._active()) < self.target and time.monotonic() >= self._next_spawn_at:
+            self.workers.append(self._spawn())
+
+    def _spawn(self) -> WorkerProcess:
+        self._spawned += 1
+        owner = f"{socket.gethostname()}:{os.getpid()}:w{self._spawned}"
+        heartbeat = self._dir / f"w{self._spawned}"
+        heartbeat.write_bytes(b"")
+        env = dict(os.environ, **{WORKER_DSN_ENV: self.dsn})
+        command = [sys.executable, "-m", "dispatcher.worker_main", "--config", self.config.source,
+                   "--owner", owner, "--heartbeat", str(heartbeat)]
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        log.info("spawned worker %s (pid %d)", owner, process.pid)
+        return WorkerProcess(process, owner, heartbeat)
+
+    def _reap(self) -> int | None:
+        for worker in list(self.workers):
+            code = worker.process.poll()
+            if code is None:
+                continue
+            self.workers.remove(worker)
+            worker.heartbeat.unlink(missing_ok=True)
+            self._release(worker)
+            if code == ExitCode.WORKER_BOOT_FAILED:
+                log.error("worker %s failed to boot; halting instead of crash-looping", worker.owner)
+                return ExitCode.WORKER_BOOT_FAILED
+            if not worker.retiring:
+                self._after_crash(worker, code)
+        return None
+
+    def _after_crash(self, worker: WorkerProcess, code: int) -> None:
+        lived = time.monotonic() - worker.started
+        self._crashes = 1 if lived > STABLE_AFTER else self._crashes + 1
+        delay = min(RESTART_BACKOFF_MAX, 0.5 * 2 ** (self._crashes - 1))
+        self._next_spawn_at = time.monotonic() + delay
+        log.warning("worker %s exited with %s after %.1fs; restarting in %.1fs", worker.owner, code, lived, delay)
+
+    def _release(self, worker: WorkerProcess) -> None:
+        try:
+            released = self._leases.release_owner(worker.owner)
+        except store.DatabaseUnavailable as exc:
+            log.warning("could not release %s's claims now (their lease will lapse): %s", worker.owner, exc)
+            return
+        if released:
+            log.info("released %d rows claimed by %s", released, worker.owner)
+
+    def _kill_stuck(self) -> None:
+        timeouts = self.config.workers
+        for worker in self.workers:
+            if not worker.is_ready():
+                if time.monotonic() - worker.started > timeouts.boot_timeout:
+                    log.error("worker %s did not boot within %.0fs; killing it", worker.owner, timeouts.boot_timeout)
+                    self._signal(worker, signal.SIGKILL)
+            elif worker.silent_for() > timeouts.heartbeat_timeout:
+                log.error("worker %s missed its heartbeat for %.0fs; killing it", worker.owner, worker.silent_for())
+                self._signal(worker, signal.SIGKILL)
+
+    def _signal(self, worker: WorkerProcess, signum: int) -> None:
+        try:
+            worker.process.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    # -- shutdown -----------------------------------------------------------
+
+    def _stop(self, graceful: bool) -> None:
+        for worker in self.workers:
+            self._signal(worker, signal.SIGTERM if graceful else signal.SIGQUIT)
+        grace = self.config.workers.graceful_timeout + 5.0 if graceful else 3.0
+        deadline = time.monotonic() + grace
+        while self.workers and time.monotonic() < deadline:
+            self._sleep(0.1)
+            self._reap_quietly()
+        for worker in self.workers:
+            log.warning("worker %s did not stop in time; killing it", worker.owner)
+            self._signal(worker, signal.SIGKILL)
+            worker.process.wait()
+            self._release(worker)
+        self.workers.clear()
+
+    def _reap_quietly(self) -> None:
+        for worker in list(self.workers):
+            if worker.process.poll() is not None:
+                self.workers.remove(worker)
+                self._release(worker)
+
+    def _cleanup(self) -> None:
+        self._connection.close()
+        for path in self._dir.glob("*"):
+            path.unlink(missing_ok=True)
+        self._dir.rmdir()
+
+
+def check_database(config: Config, dsn: str) -> None:
+    """Boot check: reachable, and migrated to what this code expects."""
+    conn = store.connect(dsn, config.database.connect_timeout, "dispatcher supervisor")
+    try:
+        missing = store.pending_migrations(conn)
+    finally:
+        conn.close()
+    if missing:
+        raise store.SchemaOutdated(
+            f"database schema is missing migration(s) {missing}; run: dispatcher -c {config.source} migrate")
+
+
+def run_supervisor(config: Config) -> int:
+    """``dispatcher run``: boot checks, then supervise until told to stop."""
+    from dispatcher.logsetup import configure_logging
+
+    configure_logging(config.logging, "supervisor")
+    dsn = resolve_dsn(config.database)
+    check_database(config, dsn)
+    return Supervisor(config, dsn).run()

@@ -1,0 +1,303 @@
+"""One dispatcher worker process: claim, send, record -- cooperatively.
+
+Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
+
+* the claimer keeps claiming while the process has room, never waiting for a
+  batch to finish; endpoints whose local lane is full are excluded from the
+  claim, so a hanging endpoint holds at most a lane's worth of rows;
+* one lane per endpoint runs at most ``per_endpoint_concurrency`` senders;
+* the flusher writes finished attempts in batches (one statement per flush)
+  and updates the breakers;
+* upkeep (one process per region, by advisory lock) evaluates backlog alerts,
+  breaker gauges and the sweep of rows that expire while a breaker is open;
+* the heartbeat proves to the supervisor that the hub is not stuck.
+
+The loop contains no SQL: every database call goes through ``store.engine``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gevent
+import gevent.event
+
+from dispatcher.config import Config
+from dispatcher.delivery import Attempt, DeliveryMaker
+from dispatcher.metrics import Metrics
+from dispatcher.notifier import make_notifier
+from dispatcher.policy import BreakerPolicy, BreakerSignal, EndpointBreaker
+from dispatcher.store import DatabaseUnavailable
+from dispatcher.store.engine import BreakerWrite, ClaimedRow, EngineStore, ManagedConnection
+
+log = logging.getLogger("dispatcher.worker")
+attempt_log = logging.getLogger("dispatcher.attempt")
+
+
+@dataclass
+class Lane:
+    """The rows this process holds for one endpoint, and its senders."""
+
+    queue: deque[tuple[ClaimedRow, float]] = field(default_factory=deque)
+    active: int = 0
+
+    @property
+    def held(self) -> int:
+        return len(self.queue) + self.active
+
+
+class Backoff:
+    """Exponential reconnect backoff; the caller decides when to reset it."""
+
+    def __init__(self, first: float, cap: float) -> None:
+        self._first, self._cap, self._next = first, cap, first
+
+    def wait(self, stop: gevent.event.Event) -> None:
+        stop.wait(self._next * random.uniform(0.5, 1.0))
+        self._next = min(self._next * 2, self._cap)
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+class Worker:
+    def __init__(self, config: Config, dsn: str, owner: str, heartbeat_path: str | None = None,
+                 maker: DeliveryMaker | None = None) -> None:
+        self.config = config
+        self.owner = owner
+        self._heartbeat_path = heartbeat_path
+        timeout = config.database.connect_timeout
+        self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout))
+        self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout))
+        self._upkeep = EngineStore(ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout))
+        self._maker = maker or DeliveryMaker.from_config(config)
+        self._metrics = Metrics(config.statsd)
+        self._notifier = make_notifier(config.notifier)
+        self._breaker = config.breaker.policy()
+        self._lanes: dict[int, Lane] = {}
+        self._held = 0
+        self._finished: list[Attempt] = []
+        self._room = gevent.event.Event()
+        self._flush_now = gevent.event.Event()
+        self._stopping = gevent.event.Event()
+        self._cursor = 0
+        self._is_leader = False
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until ``stop`` is called; then drain within the grace period."""
+        log.info("worker %s started (client=%s)", self.owner, self.config.http.client)
+        background = [gevent.spawn(self._flush_loop), gevent.spawn(self._upkeep_loop)]
+        if self._heartbeat_path:
+            background.append(gevent.spawn(self._heartbeat_loop))
+        claimer = gevent.spawn(self._claim_loop)
+        self._stopping.wait()
+        claimer.join()
+        self._hand_back_queued()
+        self._wait_for_senders(self.config.workers.graceful_timeout)
+        self._flush_now.set()
+        gevent.killall(background[1:], block=True, timeout=2)
+        background[0].join(timeout=self.config.workers.graceful_timeout)
+        self._maker.close()
+        log.info("worker %s stopped", self.owner)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # -- claiming ----------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        backoff = Backoff(0.1, self.config.database.reconnect_max)
+        workers = self.config.workers
+        while not self._stopping.is_set():
+            room = workers.max_in_flight - self._held
+            want = min(workers.claim_batch, room)
+            if want < max(1, min(workers.claim_batch, workers.max_in_flight) // 4) and self._held:
+                self._room.clear()
+                self._room.wait(workers.poll_interval)
+                continue
+            try:
+                rows = self._claims.claim(self.owner, want, workers.per_endpoint_concurrency,
+                                          self._busy_endpoints(), self._cursor, workers.lease)
+            except DatabaseUnavailable as exc:
+                log.warning("claim failed, backing off: %s", exc)
+                backoff.wait(self._stopping)
+                continue
+            backoff.reset()
+            self._accept(rows)
+            if len(rows) < want:
+                self._stopping.wait(workers.poll_interval)
+
+    def _busy_endpoints(self) -> list[int]:
+        limit = self.config.workers.per_endpoint_concurrency
+        return [endpoint_id for endpoint_id, lane in self._lanes.items() if lane.held >= limit]
+
+    def _accept(self, rows: list[ClaimedRow]) -> None:
+        if not rows:
+            return
+        claimed_at = time.monotonic()
+        wrapped = [row.endpoint_id for row in rows if row.endpoint_id <= self._cursor]
+        self._cursor = max(wrapped) if wrapped else max(row.endpoint_id for row in rows)
+        self._held += len(rows)
+        for row in rows:
+            lane = self._lanes.setdefault(row.endpoint_id, Lane())
+            lane.queue.append((row, claimed_at))
+            self._start_senders(row.endpoint_id, lane)
+
+    # -- sending -----------------------------------------------------------
+
+    def _start_senders(self, endpoint_id: int, lane: Lane) -> None:
+        while lane.active < self.config.workers.per_endpoint_concurrency and lane.queue:
+            lane.active += 1
+            gevent.spawn(self._sender, endpoint_id, lane)
+
+    def _sender(self, endpoint_id: int, lane: Lane) -> None:
+        """Send this lane's rows one after another until its queue is empty."""
+        try:
+            while lane.queue and not self._stopping.is_set():
+                row, claimed_at = lane.queue.popleft()
+                attempt = self._maker.attempt(row, claimed_at)
+                self._finish(attempt)
+        finally:
+            lane.active -= 1
+            if not lane.held:
+                self._lanes.pop(endpoint_id, None)
+
+    def _finish(self, attempt: Attempt) -> None:
+        self._finished.append(attempt)
+        self._held -= 1
+        self._room.set()
+        if len(self._finished) >= self.config.workers.claim_batch:
+            self._flush_now.set()
+        record = attempt.record
+        attempt_log.info("attempt event_id=%s endpoint_id=%d attempt=%d status=%s result=%s duration_ms=%d",
+                         attempt.event_id, record.endpoint_id, record.attempt, record.status, record.result,
+                         record.duration_ms)
+
+    # -- recording ---------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        backoff = Backoff(0.05, self.config.database.reconnect_max)
+        interval = self.config.workers.flush_interval
+        while True:
+            self._flush_now.wait(interval)
+            self._flush_now.clear()
+            drained = self._stopping.is_set() and self._held == 0
+            if self._finished:
+                batch, self._finished = self._finished, []
+                if not self._write(batch):
+                    self._finished = batch + self._finished
+                    backoff.wait(gevent.event.Event())
+                    continue
+                backoff.reset()
+            if drained and not self._finished:
+                return
+
+    def _write(self, batch: list[Attempt]) -> bool:
+        try:
+            written = self._results.record([a.record for a in batch])
+        except DatabaseUnavailable as exc:
+            log.warning("result write failed, will retry %d results: %s", len(batch), exc)
+            return False
+        stale = len(batch) - len(written)
+        if stale:
+            log.warning("%d stale results rejected by the claim-token fence (lease lapsed)", stale)
+        kept = [a for a in batch if a.record.id in written]
+        self._metrics.attempts((a.record.result, a.record.duration_ms / 1000.0, a.commit_to_2xx) for a in kept)
+        self._update_breakers(kept)
+        return True
+
+    def _update_breakers(self, attempts: list[Attempt]) -> None:
+        signals: dict[int, list[Attempt]] = {}
+        for attempt in attempts:
+            if attempt.breaker is not BreakerSignal.IGNORE:
+                signals.setdefault(attempt.record.endpoint_id, []).append(attempt)
+        if not signals:
+            return
+        try:
+            writes = self._results.update_breakers(list(signals), self._breaker_decider(signals))
+        except DatabaseUnavailable as exc:
+            log.warning("breaker update failed (counts from this batch are lost): %s", exc)
+            return
+        for write in writes:
+            self._announce(write)
+
+    def _breaker_decider(self, signals: dict[int, list[Attempt]]) -> Callable[
+            [int, EndpointBreaker, float], BreakerWrite]:
+        def decide(endpoint_id: int, old: EndpointBreaker, now: float) -> BreakerWrite:
+            attempts = signals[endpoint_id]
+            new = self._breaker.after(old, [a.breaker for a in attempts], now)
+            failed = [a for a in attempts if a.breaker is BreakerSignal.FAILURE]
+            error = failed[-1].record.error if failed else None
+            return BreakerWrite(endpoint_id, old, new, len(failed) < len(attempts), bool(failed), error)
+
+        return decide
+
+    def _announce(self, write: BreakerWrite) -> None:
+        transition = BreakerPolicy.transitions(write.previous, write.breaker)
+        if transition is None:
+            return
+        log.warning("breaker %s endpoint_id=%d failures=%d open_until=%s", transition, write.endpoint_id,
+                    write.breaker.consecutive_failures, write.breaker.open_until)
+        self._metrics.gauge(f"webhook_breaker_open.{write.endpoint_id}", 1 if write.breaker.state == "open" else 0)
+        if transition == "opened":
+            gevent.spawn(self._notifier.breaker_opened, write.endpoint_id, write.breaker, write.error)
+
+    # -- shutdown ----------------------------------------------------------
+
+    def _hand_back_queued(self) -> None:
+        """TERM: rows claimed but not yet started go back at once, not at lease end."""
+        unsent = []
+        for lane in self._lanes.values():
+            while lane.queue:
+                row, _ = lane.queue.popleft()
+                unsent.append((row.id, row.claim_token))
+                self._held -= 1
+        self._release(unsent)
+
+    def _wait_for_senders(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while self._held > 0 and time.monotonic() < deadline:
+            self._room.clear()
+            self._room.wait(0.05)
+        if self._held > 0:
+            log.warning("grace period over with %d sends in flight; their rows are released", self._held)
+            self._release([(row.id, row.claim_token) for row in self._maker.in_flight()])
+
+    def _release(self, claims: list[tuple[int, int]]) -> None:
+        if not claims:
+            return
+        try:
+            released = self._claims.release(claims)
+            log.info("handed back %d unsent claimed rows", released)
+        except DatabaseUnavailable as exc:
+            log.warning("could not hand back %d rows, their lease will lapse: %s", len(claims), exc)
+
+    # -- upkeep and heartbeat ----------------------------------------------
+
+    def _upkeep_loop(self) -> None:
+        from dispatcher.upkeep import Upkeep
+
+        upkeep = Upkeep(self.config, self._upkeep, self._metrics)
+        while not self._stopping.wait(self.config.alerts.check_interval):
+            try:
+                upkeep.run_once()
+            except DatabaseUnavailable as exc:
+                upkeep.lost_connection()
+                log.warning("upkeep skipped: %s", exc)
+
+    def _heartbeat_loop(self) -> None:
+        assert self._heartbeat_path is not None
+        while not self._stopping.wait(self.config.workers.heartbeat_interval):
+            try:
+                os.utime(self._heartbeat_path)
+            except OSError:
+                pass  # the supervisor removed it: it is shutting us down anyway
+

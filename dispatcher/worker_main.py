@@ -1,0 +1,62 @@
+"""Entry point of a worker process: monkey-patch first, then everything else.
+
+gevent must patch ``socket``, ``ssl``, ``threading`` and friends before any
+module imports them, and psycogreen must make psycopg2 cooperative before a
+connection exists.  ``dispatcher/__init__.py`` imports nothing, so running
+``python -m dispatcher.worker_main`` reaches these lines first.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+from psycogreen.gevent import patch_psycopg  # noqa: E402
+
+patch_psycopg()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+import gevent  # noqa: E402
+
+from dispatcher.config import WORKER_DSN_ENV, ConfigError, load_config  # noqa: E402
+from dispatcher.exitcodes import ExitCode  # noqa: E402
+from dispatcher.logsetup import configure_logging  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="dispatcher-worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--owner", required=True)
+    parser.add_argument("--heartbeat")
+    args = parser.parse_args()
+    try:
+        config = load_config(args.config)
+        configure_logging(config.logging, process_name=args.owner)
+        from dispatcher.worker import Worker
+
+        dsn = os.environ.get(WORKER_DSN_ENV) or config.database.dsn
+        worker = Worker(config, dsn, args.owner, args.heartbeat)
+    except (ConfigError, ImportError, OSError, ValueError) as exc:
+        print(f"dispatcher worker {args.owner}: boot failed: {exc}", file=sys.stderr)
+        return ExitCode.WORKER_BOOT_FAILED
+    if args.heartbeat:
+        _report_ready(args.heartbeat)
+    gevent.signal_handler(signal.SIGTERM, worker.stop)
+    gevent.signal_handler(signal.SIGQUIT, lambda: os._exit(ExitCode.OK))
+    gevent.signal_handler(signal.SIGINT, lambda: os._exit(ExitCode.OK))
+    worker.run()
+    return ExitCode.OK
+
+
+def _report_ready(path: str) -> None:
+    # The supervisor reads a non-empty heartbeat file as "booted": a worker
+    # that dies before this line is a boot failure, after it a crash.
+    with open(path, "w", encoding="ascii") as handle:
+        handle.write("ready\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
