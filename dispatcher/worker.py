@@ -295,7 +295,14 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         assert self._heartbeat_path is not None
+        parent = os.getppid()
         while not self._stopping.wait(self.config.workers.heartbeat_interval):
+            if os.getppid() != parent:
+                # The supervisor died without stopping us: nobody would
+                # release our leases or replace us, so drain and leave.
+                log.error("supervisor %d is gone; worker %s shuts down", parent, self.owner)
+                self.stop()
+                return
             try:
                 os.utime(self._heartbeat_path)
             except OSError:

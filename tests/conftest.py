@@ -131,6 +131,8 @@ def write_config(tmp_path: Path):  # type: ignore[no-untyped-def]
             section, _, key = dotted.partition("__")
             if key:
                 raw.setdefault(section, {})[key] = value
+            elif isinstance(value, dict) and isinstance(raw.get(section), dict):
+                raw[section] = {**raw[section], **value}
             else:
                 raw[section] = value
         path = tmp_path / f"config-{next(_counter)}.yaml"

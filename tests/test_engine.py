@@ -1,0 +1,215 @@
+"""The engine end to end: a real dispatcher, a real receiver, a real Postgres."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from standardwebhooks import Webhook
+
+from dispatcher.receiver import ReceiverProcess
+from dispatcher.signing import as_standard_secret
+from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def receiver() -> Iterator[ReceiverProcess]:
+    with ReceiverProcess(secrets=[SECRET]) as rx:
+        yield rx
+
+
+class CapturingHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    captured: list[tuple[str, dict[str, str], bytes]]
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.captured.append((self.path, dict(self.headers), body))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def capturing_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CapturingHandler)
+    server.captured = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_delivers_signed_posts_with_every_header(db, write_config, tmp_path: Path,
+                                                 capturing_server: ThreadingHTTPServer) -> None:
+    port = capturing_server.server_address[1]
+    seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:{port}/hook"])
+    config = write_config(db)
+    event_ids = produce(config, db.dsn, "ws", 5, payload={"job": "j-1", "note": "ünïcode"})
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 5, message="5 deliveries")
+    captured = capturing_server.captured  # type: ignore[attr-defined]
+    assert sorted(h["webhook-id"] for _, h, _ in captured) == sorted(event_ids)
+    verifier = Webhook(as_standard_secret(SECRET))
+    for _, headers, body in captured:
+        payload = verifier.verify(body, {k.lower(): v for k, v in headers.items()})
+        assert payload["id"] == headers["webhook-id"] == headers["Idempotency-Key"]
+        assert payload["data"] == {"job": "j-1", "note": "ünïcode"}
+        assert payload["type"] == "job.created" and payload["workspace_id"] == "ws"
+        assert headers["X-Larkspur-Attempt"] == "1"
+        assert headers["X-Larkspur-Signature"] == headers["webhook-signature"]
+        assert headers["Content-Type"] == "application/json"
+        assert headers["User-Agent"].startswith("Larkspur-Webhooks/")
+    attempts = query(db.dsn, "SELECT result, status_code, attempt FROM webhook_delivery_attempts")
+    assert sorted(attempts) == [("delivered", 200, 1)] * 5
+
+
+def test_retries_with_growing_gaps_then_dead(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "ws", [receiver.url("status", "down", code=500)])
+    config = write_config(db, retry={"base": "200ms", "max_interval": "800ms", "ceiling": "3s", "jitter": 0},
+                          workers={"processes": 1, "poll_interval": "50ms", "lease": "10s"})
+    produce(config, db.dsn, "ws", 1)
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("dead") == 1, timeout=20, message="the row to die")
+    (created, last_error, attempt), = query(
+        db.dsn, "SELECT extract(epoch FROM created_at), last_error, attempt FROM webhook_deliveries")
+    starts = [float(r[0]) for r in query(
+        db.dsn, "SELECT extract(epoch FROM started_at) FROM webhook_delivery_attempts ORDER BY attempt")]
+    assert last_error == "HTTP 500" and attempt == len(starts) >= 4
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # Nominal gaps 0.2, 0.4, 0.8, 0.8 ... then one final attempt at the ceiling.
+    assert gaps[1] > gaps[0] and gaps[2] > gaps[1]
+    assert starts[-1] - float(created) <= 3.0 + 0.5, "the last attempt lands at the ceiling"
+
+
+def test_location_events_are_not_retried(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "ws", [receiver.url("status", "down", code=503)])
+    config = write_config(db, retry={"base": "100ms", "policies": {"technician.location": {"max_attempts": 1}}})
+    produce(config, db.dsn, "ws", 3, event_type="technician.location")
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("dead") == 3, message="3 dead location rows")
+    assert query(db.dsn, "SELECT count(*) FROM webhook_delivery_attempts")[0][0] == 3
+    assert receiver.endpoint("down")["count"] == 3
+
+
+def test_concurrency_cap_per_endpoint(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "ws", [receiver.url("latency", "slow", ms=300)])
+    config = write_config(db, workers={"processes": 1, "per_endpoint_concurrency": 4, "poll_interval": "50ms"})
+    produce(config, db.dsn, "ws", 24)
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 24, message="24 deliveries")
+    assert receiver.endpoint("slow")["max_concurrency"] == 4
+
+
+def test_dry_run_and_shadow_rows_are_marked_delivered_without_a_request(
+        db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "live", [receiver.url("ok", "dry")])
+    seed_workspace(db.dsn, "legacy", [receiver.url("ok", "shadow")], outbox=False)
+    produce(write_config(db), db.dsn, "live", 3)
+    produce(write_config(db, producer={"shadow_writes": True}), db.dsn, "legacy", 2)
+    legacy_posts = receiver.endpoint("shadow")["count"]  # the flag-off path posted synchronously
+    assert legacy_posts == 2
+    with Dispatcher(write_config(db, dry_run=True), tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 5, message="5 rows marked delivered")
+    assert receiver.stats()["total"] == legacy_posts
+    assert query(db.dsn, "SELECT mode, count(*) FROM webhook_deliveries GROUP BY mode ORDER BY mode") == [
+        ("live", 3), ("shadow", 2)]
+
+
+def test_rows_that_can_never_be_sent_end_failed(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    gone, inactive, fine = seed_workspace(db.dsn, "ws", [receiver.url("ok", k) for k in ("gone", "off", "fine")])
+    config = write_config(db)
+    produce(config, db.dsn, "ws", 1)
+    query(db.dsn, "DELETE FROM webhook_endpoints WHERE id = %s", (gone,))
+    query(db.dsn, "UPDATE webhook_endpoints SET active = false WHERE id = %s", (inactive,))
+    (event_id,), = query(db.dsn, "SELECT id FROM events")
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                  "VALUES ('ws', %s, 'no-such-event', 'x')", (fine,))
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: sum(status_counts(db.dsn).get(s, 0) for s in ("failed", "delivered")) == 4,
+                   message="all rows finished")
+    rows = dict(query(db.dsn, "SELECT endpoint_id || ':' || event_id, status || ':' || coalesce(last_error, '') "
+                              "FROM webhook_deliveries"))
+    assert rows == {f"{gone}:{event_id}": "failed:endpoint deleted",
+                    f"{inactive}:{event_id}": "failed:endpoint deactivated",
+                    f"{fine}:{event_id}": "delivered:",
+                    f"{fine}:no-such-event": "failed:event not found"}
+    assert receiver.stats()["total"] == 1
+
+
+def test_metrics_reach_a_real_udp_statsd(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    seed_workspace(db.dsn, "ws", [receiver.url("ok", "a"), receiver.url("status", "b", code=500)])
+    config = write_config(db, statsd={"enabled": True, "host": "127.0.0.1", "port": listener.getsockname()[1],
+                                      "prefix": "dx"},
+                          alerts={"check_interval": "200ms"}, retry={"base": "10s"})
+    produce(config, db.dsn, "ws", 2)
+    names: set[str] = set()
+    with Dispatcher(config, tmp_path / "d.log"):
+        def seen_all() -> bool:
+            try:
+                packet = listener.recv(65536).decode()
+            except TimeoutError:
+                return False
+            names.update(line.split(":")[0] for line in packet.splitlines())
+            return {"dx.webhook_delivery_attempts_total.delivered", "dx.webhook_delivery_attempts_total.http_5xx",
+                    "dx.webhook_delivery_latency_seconds.attempt", "dx.webhook_delivery_latency_seconds.commit_to_2xx",
+                    "dx.webhook_backlog_age_seconds", "dx.webhook_breaker_open_total"} <= names
+        wait_until(seen_all, message="every metric name")
+    listener.close()
+
+
+def test_unreachable_statsd_never_blocks_delivery(db, write_config, tmp_path: Path,
+                                                  receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "ws", [receiver.url("ok", "a")])
+    config = write_config(db, statsd={"enabled": True, "host": "statsd.invalid", "port": 9})
+    produce(config, db.dsn, "ws", 20)
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 20, message="20 deliveries")
+
+
+def test_attempt_log_lines_are_structured_and_hold_no_secret(db, write_config, tmp_path: Path,
+                                                             receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "ws", [receiver.url("ok", "a")])
+    config = write_config(db)
+    (event_id,) = produce(config, db.dsn, "ws", 1, payload={"marker": "body-must-not-be-logged"})
+    with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 1, message="the delivery")
+    log = dispatcher.log()
+    line = next(line for line in log.splitlines() if "attempt event_id=" in line)
+    for field in (f"event_id={event_id}", "endpoint_id=", "attempt=1", "status=delivered", "duration_ms="):
+        assert field in line
+    assert SECRET not in log and SECRET.removeprefix("whsec_") not in log
+    assert "body-must-not-be-logged" not in log
+
+
+def test_standard_webhooks_rotation_sends_both_signatures(db, write_config, tmp_path: Path,
+                                                          capturing_server: ThreadingHTTPServer) -> None:
+    port = capturing_server.server_address[1]
+    seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:{port}/hook"])
+    new_secret = "whsec_" + "Q2hhbmdlZFNlY3JldEZvclJvdGF0aW9uMTIz"
+    query(db.dsn, "UPDATE workspaces SET previous_secret = secret, secret = %s, secret_rotated_at = now()",
+          (new_secret,))
+    config = write_config(db)
+    produce(config, db.dsn, "ws", 1)
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 1, message="the delivery")
+    (_, headers, body), = capturing_server.captured  # type: ignore[attr-defined]
+    lowered = {k.lower(): v for k, v in headers.items()}
+    assert len(lowered["webhook-signature"].split()) == 2
+    for secret in (SECRET, new_secret):
+        assert json.loads(Webhook(secret).verify(body, lowered) and body)["id"] == lowered["webhook-id"]
