@@ -228,6 +228,20 @@ class Worker:
             return
         for write in writes:
             self._announce(write)
+            if write.breaker.state == "open":
+                self._hand_back_lane(write.endpoint_id)
+
+    def _hand_back_lane(self, endpoint_id: int) -> None:
+        """The endpoint's breaker is open: rows queued here must not be sent now
+        (they would consume attempts), so they go back to the outbox."""
+        lane = self._lanes.get(endpoint_id)
+        if lane is None or not lane.queue:
+            return
+        unsent = [(row.id, row.claim_token) for row, _ in lane.queue]
+        lane.queue.clear()
+        self._held -= len(unsent)
+        self._room.set()
+        self._release(unsent)
 
     def _breaker_decider(self, signals: dict[int, list[Attempt]]) -> Callable[
             [int, EndpointBreaker, float], BreakerWrite]:
@@ -254,13 +268,8 @@ class Worker:
 
     def _hand_back_queued(self) -> None:
         """TERM: rows claimed but not yet started go back at once, not at lease end."""
-        unsent = []
-        for lane in self._lanes.values():
-            while lane.queue:
-                row, _ = lane.queue.popleft()
-                unsent.append((row.id, row.claim_token))
-                self._held -= 1
-        self._release(unsent)
+        for endpoint_id in list(self._lanes):
+            self._hand_back_lane(endpoint_id)
 
     def _wait_for_senders(self, grace: float) -> None:
         deadline = time.monotonic() + grace

@@ -1,0 +1,117 @@
+"""The claim, the fence and fairness, at the store level against a real Postgres."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
+from tests.support.engine import query, seed_workspace
+
+
+def _store(db) -> EngineStore:  # type: ignore[no-untyped-def]
+    return EngineStore(ManagedConnection(db.dsn, "test"))
+
+
+def _pending(db, endpoint_id: int, count: int, event_id: str = "ev") -> None:  # type: ignore[no-untyped-def]
+    query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES (%s, 'ws', 't', 1, '{}') "
+                  "ON CONFLICT DO NOTHING", (event_id,))
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                  "SELECT 'ws', %s, %s, 'h' FROM generate_series(1, %s)", (endpoint_id, event_id, count))
+
+
+def _record(row: ClaimedRow, status: str = "delivered") -> AttemptRecord:
+    return AttemptRecord(row.id, row.claim_token, row.endpoint_id, status, row.attempt, 0.0, None, 200,
+                         "delivered", time.monotonic(), 5, "ok")
+
+
+def test_claim_stamps_a_lease_and_commits_before_returning(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 3)
+    rows = _store(db).claim("owner-a", 10, 4, [], 0, 30.0)
+    assert len(rows) == 3 and len({r.claim_token for r in rows}) == 1
+    # Visible from another session at once: the claim transaction has committed.
+    leased = query(db.dsn, "SELECT locked_by, next_attempt_at > now() + interval '25 seconds', "
+                           "locked_until IS NOT NULL FROM webhook_deliveries")
+    assert leased == [("owner-a", True, True)] * 3
+    assert _store(db).claim("owner-b", 10, 4, [], 0, 30.0) == [], "leased rows are not due"
+    row = rows[0]
+    assert (row.attempt, row.event_type, row.url, row.active, row.is_probe) == (1, "t", "http://127.0.0.1:9/a",
+                                                                                True, False)
+
+
+def test_no_endpoint_fills_a_batch(db) -> None:
+    flood, quiet = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/flood", "http://127.0.0.1:9/quiet"])
+    _pending(db, flood, 5000)
+    _pending(db, quiet, 3)
+    rows = _store(db).claim("w", 200, 4, [], 0, 30.0)
+    per_endpoint = {e: sum(1 for r in rows if r.endpoint_id == e) for e in (flood, quiet)}
+    assert per_endpoint == {flood: 4, quiet: 3}
+
+
+def test_busy_endpoints_are_skipped_and_the_cursor_rotates(db) -> None:
+    endpoints = seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:9/{n}" for n in range(6)])
+    for endpoint in endpoints:
+        _pending(db, endpoint, 10)
+    store = _store(db)
+    first = store.claim("w", 8, 2, [endpoints[0]], 0, 30.0)
+    assert endpoints[0] not in {r.endpoint_id for r in first}
+    assert {r.endpoint_id for r in first} == set(endpoints[1:5])
+    # Starting after the last endpoint served, the walk wraps around to the start.
+    second = store.claim("w", 4, 2, [], endpoints[4], 30.0)
+    assert {r.endpoint_id for r in second} == {endpoints[5], endpoints[0]}
+
+
+def test_stale_owner_is_fenced_out(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 1)
+    store = _store(db)
+    (stale,) = store.claim("stale", 1, 4, [], 0, 30.0)
+    query(db.dsn, "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")  # lease lapsed
+    (fresh,) = store.claim("fresh", 1, 4, [], 0, 30.0)
+    assert fresh.id == stale.id and fresh.claim_token != stale.claim_token
+    assert store.record([_record(stale, "dead")]) == set(), "the stale worker's write is rejected"
+    assert store.record([_record(fresh)]) == {fresh.id}
+    assert query(db.dsn, "SELECT status FROM webhook_deliveries") == [("delivered",)]
+    assert query(db.dsn, "SELECT claim_token FROM webhook_delivery_attempts") == [(fresh.claim_token,)]
+
+
+def test_release_hands_rows_back_at_once(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 4)
+    store = _store(db)
+    rows = store.claim("w1", 2, 4, [], 0, 300.0)
+    assert store.release([(r.id, r.claim_token) for r in rows]) == 2
+    assert store.release_owner("nobody") == 0
+    again = store.claim("w2", 10, 4, [], 0, 300.0)
+    assert {r.id for r in rows} <= {r.id for r in again}
+    assert store.release_owner("w2") == 4
+    assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL") == [(0,)]
+
+
+def test_open_breaker_rows_are_skipped_and_exactly_one_probe_is_claimed(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 5)
+    query(db.dsn, "INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until) "
+                  "VALUES (%s, 'open', 20, now() + interval '1 hour')", (endpoint,))
+    store = _store(db)
+    assert store.claim("w", 10, 4, [], 0, 30.0) == []
+    query(db.dsn, "UPDATE endpoint_state SET open_until = now() - interval '1 second'")
+    (probe,) = store.claim("w", 10, 4, [], 0, 30.0)
+    assert probe.is_probe
+    assert query(db.dsn, "SELECT state FROM endpoint_state") == [("half_open",)]
+    assert store.claim("w2", 10, 4, [], 0, 30.0) == [], "one probe at a time across the fleet"
+    assert query(db.dsn, "SELECT max(attempt) FROM webhook_deliveries") == [(0,)], "no attempt consumed"
+
+
+@pytest.mark.parametrize("pending", [1000, 20000])
+def test_claim_uses_the_pending_index(db, pending: int) -> None:
+    endpoints = seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:9/{n}" for n in range(10)])
+    for endpoint in endpoints:
+        _pending(db, endpoint, pending // 10)
+    query(db.dsn, "ANALYZE webhook_deliveries")
+    plan = "\n".join(r[0] for r in query(db.dsn, "EXPLAIN SELECT endpoint_id FROM webhook_deliveries "
+                                                 "WHERE status = 'pending' AND endpoint_id > 0 "
+                                                 "ORDER BY endpoint_id LIMIT 1"))
+    assert "webhook_deliveries_due" in plan
