@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import re
 import secrets
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
+
+import psycopg2
+import psycopg2.errors
 
 from dispatcher import __version__, store
 from dispatcher.config import Config, ConfigError, load_config
@@ -29,7 +33,7 @@ class UsageError(Exception):
 
 def _flag(text: str) -> tuple[str, bool]:
     name, sep, value = text.partition("=")
-    if not sep or value not in ("on", "off", "true", "false"):
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9_]*", name) or value not in ("on", "off", "true", "false"):
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=on|off")
     return name, value in ("on", "true")
 
@@ -127,15 +131,19 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.demo import run_demo
+    from dispatcher.demo import demo_main
 
-    return run_demo(config, events=args.events, rate=args.rate)
+    return demo_main(config, events=args.events, rate=args.rate)
 
 
 COMMANDS: dict[str, Command] = {
     "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api, "demo": cmd_demo,
     "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token,
 }
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _fail(code: ExitCode, message: str) -> NoReturn:
@@ -159,6 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(ExitCode.SCHEMA_OUTDATED, str(exc))
     except store.StoreError as exc:
         _fail(ExitCode.FAILURE, str(exc))
+    except psycopg2.errors.UndefinedTable as exc:
+        _fail(ExitCode.SCHEMA_OUTDATED, f"database not migrated ({_first_line(exc)}): run `dispatcher migrate`")
+    except psycopg2.Error as exc:
+        _fail(ExitCode.FAILURE, f"database error: {_first_line(exc)}")
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
 

@@ -78,20 +78,23 @@ def test_delivers_signed_posts_with_every_header(db, write_config, tmp_path: Pat
 
 def test_retries_with_growing_gaps_then_dead(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
     seed_workspace(db.dsn, "ws", [receiver.url("status", "down", code=500)])
-    config = write_config(db, retry={"base": "200ms", "max_interval": "800ms", "ceiling": "3s", "jitter": 0},
+    config = write_config(db, retry={"base": "200ms", "max_interval": "1s", "ceiling": "4s", "jitter": 0},
                           workers={"processes": 1, "poll_interval": "50ms", "lease": "10s"})
-    produce(config, db.dsn, "ws", 1)
-    with Dispatcher(config, tmp_path / "d.log"):
-        wait_until(lambda: status_counts(db.dsn).get("dead") == 1, timeout=20, message="the row to die")
+    with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+        # Produce once the worker is up, so the schedule starts at the first attempt.
+        wait_until(lambda: "started (client=" in dispatcher.log(), message="the worker to start")
+        produce(config, db.dsn, "ws", 1)
+        wait_until(lambda: status_counts(db.dsn).get("dead") == 1, timeout=30, message="the row to die")
     (created, last_error, attempt), = query(
-        db.dsn, "SELECT extract(epoch FROM created_at), last_error, attempt FROM webhook_deliveries")
-    starts = [float(r[0]) for r in query(
-        db.dsn, "SELECT extract(epoch FROM started_at) FROM webhook_delivery_attempts ORDER BY attempt")]
-    assert last_error == "HTTP 500" and attempt == len(starts) >= 4
+        db.dsn, "SELECT extract(epoch FROM created_at)::float8, last_error, attempt FROM webhook_deliveries")
+    starts = [r[0] for r in query(
+        db.dsn, "SELECT extract(epoch FROM started_at)::float8 FROM webhook_delivery_attempts ORDER BY attempt")]
+    assert last_error == "HTTP 500" and attempt == len(starts) >= 5
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    # Nominal gaps 0.2, 0.4, 0.8, 0.8 ... then one final attempt at the ceiling.
-    assert gaps[1] > gaps[0] and gaps[2] > gaps[1]
-    assert starts[-1] - float(created) <= 3.0 + 0.5, "the last attempt lands at the ceiling"
+    # Nominal gaps 0.2, 0.4, 0.8, then 1.0 (the cap) ... and a final attempt at the ceiling.
+    assert gaps[0] < gaps[1] < gaps[2], gaps
+    assert max(gaps) < 1.5, "the cap holds"
+    assert 3.5 <= starts[-1] - created <= 4.5, "the last attempt lands at the ceiling"
 
 
 def test_location_events_are_not_retried(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:

@@ -48,6 +48,14 @@ UPDATE webhook_endpoints SET active = %(active)s WHERE id = %(id)s RETURNING id;
 -- name: delete_endpoint
 DELETE FROM webhook_endpoints WHERE id = %(id)s RETURNING id;
 
+-- name: delete_workspace_endpoints
+DELETE FROM webhook_endpoints WHERE workspace_id = %(workspace_id)s;
+
+-- name: delivery_status_counts
+SELECT status, count(*) FROM webhook_deliveries
+ WHERE endpoint_id = ANY (%(endpoint_ids)s::bigint[])
+ GROUP BY status;
+
 -- name: send_event
 -- The producer's single round trip (2 ms p99 budget): decide the mode from
 -- the workspace flag, take the next sequence, insert the event and fan out one

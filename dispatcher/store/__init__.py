@@ -173,6 +173,17 @@ def delete_endpoint(conn: Connection, endpoint_id: int) -> None:
             raise NotFound(f"endpoint {endpoint_id} does not exist")
 
 
+def delete_workspace_endpoints(conn: Connection, workspace_id: str) -> None:
+    with conn:
+        run_query(conn, "delete_workspace_endpoints", {"workspace_id": workspace_id})
+
+
+def delivery_status_counts(conn: Connection, endpoint_ids: Sequence[int]) -> dict[str, int]:
+    with conn:
+        return {str(status): int(n) for status, n in
+                run_query(conn, "delivery_status_counts", {"endpoint_ids": list(endpoint_ids)})}
+
+
 @dataclass(frozen=True, slots=True)
 class SendResult:
     """What ``send_event`` wrote, and what the legacy path needs when it wrote nothing live."""
