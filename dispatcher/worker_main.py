@@ -6,18 +6,23 @@ connection exists.  ``dispatcher/__init__.py`` imports nothing, so running
 ``python -m dispatcher.worker_main`` reaches these lines first.
 """
 
-from gevent import monkey
+import sys
 
-monkey.patch_all()
+try:
+    from gevent import monkey
 
-from psycogreen.gevent import patch_psycopg  # noqa: E402
+    monkey.patch_all()
 
-patch_psycopg()
+    from psycogreen.gevent import patch_psycopg
+
+    patch_psycopg()
+except Exception as exc:  # a broken install is a boot failure (exit 4), not a crash to restart
+    print(f"dispatcher worker: boot failed: cannot set up gevent: {type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(4)  # ExitCode.WORKER_BOOT_FAILED; nothing more may be imported before the patch
 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
-import sys  # noqa: E402
 
 import gevent  # noqa: E402
 
@@ -26,12 +31,23 @@ from dispatcher.exitcodes import ExitCode  # noqa: E402
 from dispatcher.logsetup import configure_logging  # noqa: E402
 
 
+def _raise_fd_limit() -> None:
+    # Keep-alive pools to a thousand endpoints need more than the usual 1024
+    # descriptors; the hard limit is the operator's ceiling, so take all of it.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="dispatcher-worker")
     parser.add_argument("--config", required=True)
     parser.add_argument("--owner", required=True)
     parser.add_argument("--heartbeat")
     args = parser.parse_args()
+    _raise_fd_limit()
     try:
         config = load_config(args.config)
         configure_logging(config.logging, process_name=args.owner)
@@ -41,6 +57,9 @@ def main() -> int:
         worker = Worker(config, dsn, args.owner, args.heartbeat)
     except (ConfigError, ImportError, OSError, ValueError) as exc:
         print(f"dispatcher worker {args.owner}: boot failed: {exc}", file=sys.stderr)
+        return ExitCode.WORKER_BOOT_FAILED
+    except Exception as exc:  # anything else before "ready" is a boot failure too, never a crash loop
+        print(f"dispatcher worker {args.owner}: boot failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ExitCode.WORKER_BOOT_FAILED
     if args.heartbeat:
         _report_ready(args.heartbeat)
