@@ -46,7 +46,7 @@ def outbound_policy(config: Config) -> OutboundPolicy:
 
 
 def build_transport(config: Config) -> Transport:
-    return make_transport(config.http.client, timeout=config.http.timeout,
+    return make_transport(config.http.client, timeout=config.http.timeout,  # type: ignore[arg-type]
                           max_response_bytes=config.http.max_response_bytes, policy=outbound_policy(config),
                           maxsize=config.workers.per_endpoint_concurrency)
 

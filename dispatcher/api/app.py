@@ -1,0 +1,99 @@
+"""The Falcon WSGI application of the delivery-history API (issue 4).
+
+``create_app`` builds a plain WSGI app with no server and no gevent in it:
+``serve_main`` runs it on gevent's WSGIServer in production, and tests run
+it in-process (falcon.testing, schemathesis, a wsgiref thread).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import json
+import re
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import falcon
+import falcon.media
+
+from dispatcher.api import problems
+from dispatcher.api.pool import ConnectionPool
+from dispatcher.api.resources import (
+    ApiContext,
+    Console,
+    Deliveries,
+    Delivery,
+    Endpoint,
+    EventDeliveries,
+    Health,
+    OpenApi,
+    Recover,
+    Replay,
+)
+from dispatcher.config import Config
+
+ROUTES: tuple[tuple[str, type], ...] = (
+    ("/healthz", Health),
+    ("/openapi.json", OpenApi),
+    ("/console", Console),
+    ("/v2/webhooks/deliveries", Deliveries),
+    ("/v2/webhooks/deliveries/{delivery_id}", Delivery),
+    ("/v2/webhooks/deliveries/{delivery_id}/replay", Replay),
+    ("/v2/events/{event_id}/deliveries", EventDeliveries),
+    ("/v2/webhooks/endpoints/{endpoint_id}", Endpoint),
+    ("/v2/webhooks/endpoints/{endpoint_id}/recover", Recover),
+)
+
+
+class DispatcherApp(falcon.App):
+    """A falcon.App that owns its connection pool (closed by the server on exit)."""
+
+    pool: ConnectionPool
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("dispatcher.api").joinpath(name).read_bytes()
+
+
+def _csp_for(html: bytes) -> str:
+    """A Content-Security-Policy that allows exactly the page's inline script and style.
+
+    Hashes instead of 'unsafe-inline': if a delivery's error text ever slipped
+    into the DOM as markup, an injected script would still not run.
+    """
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rb"<" + tag.encode() + rb">(.*?)</" + tag.encode() + rb">", html, flags=re.DOTALL)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b).digest()).decode()}'" for b in blocks)
+
+    return (f"default-src 'none'; script-src {hashes('script')}; style-src {hashes('style')}; "
+            "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def create_app(config: Config, dsn: str) -> DispatcherApp:
+    """The WSGI app for ``config.api``, reading and writing the database at ``dsn``."""
+    api = config.api
+    pool = ConnectionPool(dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
+                          statement_timeout=api.statement_timeout)
+    console = _asset("console.html")
+    ctx = ApiContext(config=api, pool=pool, openapi=_asset("openapi.json"), console=console,
+                     console_csp=_csp_for(console))
+    app = DispatcherApp(media_type=falcon.MEDIA_JSON)
+    app.pool = pool
+    handler = falcon.media.JSONHandler(dumps=functools.partial(json.dumps, default=_json_default))
+    app.resp_options.media_handlers.update({falcon.MEDIA_JSON: handler})
+    app.req_options.strip_url_path_trailing_slash = False
+    app.set_error_serializer(problems.serialize_problem)
+    for exc_type, exc_handler in problems.HANDLERS:
+        app.add_error_handler(exc_type, exc_handler)
+    for template, resource in ROUTES:
+        app.add_route(template, resource(ctx))
+    return app

@@ -1,0 +1,158 @@
+"""Parsing untrusted request input: ids, query filters, cursors, JSON bodies.
+
+Everything here turns bad input into a 4xx problem; nothing lets a malformed
+value reach SQL (where it would surface as a 500).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+import falcon
+
+from dispatcher.api.problems import Problem, bad_request, not_found
+
+MAX_ID = 2**63 - 1  # bigint
+MAX_EVENT_ID_CHARS = 255
+MAX_LIMIT = 100
+DEFAULT_LIMIT = 50
+STATUSES = ("pending", "delivered", "failed", "dead")
+
+_INT = re.compile(r"[0-9]{1,19}")
+# RFC 3339 date-time: a full date, 'T', a time and a mandatory offset.
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+)
+_CURSOR = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_CURSOR_BODY = re.compile(r"d1:([0-9]{1,19})")
+
+
+def path_id(text: str, what: str) -> int:
+    """A path id; anything that is not a positive bigint names nothing, hence 404."""
+    if _INT.fullmatch(text) and 0 < int(text) <= MAX_ID:
+        return int(text)
+    raise not_found(f"{what} {text[:40]!r} does not exist")
+
+
+def event_id(text: str) -> str:
+    if not text or len(text) > MAX_EVENT_ID_CHARS or "\x00" in text:
+        raise not_found("event does not exist")
+    return text
+
+
+def only(req: falcon.Request, *allowed: str) -> None:
+    """Refuse unknown query parameters: a typo like ?statuss=dead must not silently list everything."""
+    unknown = sorted(set(req.params) - set(allowed))
+    if unknown:
+        names = ", ".join(repr(name[:40]) for name in unknown[:5])
+        raise bad_request(f"unknown query parameter(s) {names}; this route takes {', '.join(allowed) or 'none'}")
+
+
+def single(req: falcon.Request, name: str) -> str | None:
+    """A query parameter given at most once."""
+    values = req.get_param_as_list(name)
+    if values is None:
+        return None
+    if len(values) != 1:
+        raise bad_request(f"query parameter {name!r} may be given only once")
+    return values[0]
+
+
+def query_int(req: falcon.Request, name: str) -> int | None:
+    text = single(req, name)
+    if text is None:
+        return None
+    if not _INT.fullmatch(text) or not 0 < int(text) <= MAX_ID:
+        raise bad_request(f"{name} must be a positive integer")
+    return int(text)
+
+
+def limit(req: falcon.Request) -> int:
+    text = single(req, "limit")
+    if text is None:
+        return DEFAULT_LIMIT
+    if not _INT.fullmatch(text) or not 1 <= int(text) <= MAX_LIMIT:
+        raise bad_request(f"limit must be an integer from 1 to {MAX_LIMIT}")
+    return int(text)
+
+
+def status(req: falcon.Request) -> str | None:
+    text = single(req, "status")
+    if text is not None and text not in STATUSES:
+        raise bad_request(f"status must be one of {', '.join(STATUSES)}")
+    return text
+
+
+def query_event_id(req: falcon.Request) -> str | None:
+    text = single(req, "event_id")
+    if text is not None and (not text or len(text) > MAX_EVENT_ID_CHARS or "\x00" in text):
+        raise bad_request(f"event_id must be 1 to {MAX_EVENT_ID_CHARS} characters")
+    return text
+
+
+def timestamp(text: Any, name: str) -> datetime:
+    """An RFC 3339 date-time with an offset; naive or partial times are refused."""
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        raise bad_request(f"{name} must be an RFC 3339 date-time with offset, e.g. 2026-09-01T12:00:00Z")
+    try:
+        parsed = datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+    except ValueError:  # e.g. month 13, or an offset beyond 24 h
+        raise bad_request(f"{name} is not a valid date-time") from None
+    # Normalise to UTC: Postgres refuses offsets beyond 15:59 that RFC 3339
+    # allows. At the edges of Python's range (year 1 or 9999 with an offset)
+    # clamp instead; no row is that old or that new, so the filter is exact.
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        return (datetime.min if parsed.year == 1 else datetime.max).replace(tzinfo=UTC)
+
+
+def query_timestamp(req: falcon.Request, name: str) -> datetime | None:
+    text = single(req, name)
+    return None if text is None else timestamp(text, name)
+
+
+def encode_cursor(last_id: int) -> str:
+    """Opaque to clients; today it is the last id seen, versioned for change."""
+    return base64.urlsafe_b64encode(f"d1:{last_id}".encode()).decode("ascii").rstrip("=")
+
+
+def cursor(req: falcon.Request) -> int | None:
+    text = single(req, "cursor")
+    if text is None:
+        return None
+    if _CURSOR.fullmatch(text):
+        try:
+            decoded = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("ascii")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            decoded = ""
+        match = _CURSOR_BODY.fullmatch(decoded)
+        if match and 0 < int(match.group(1)) <= MAX_ID:
+            return int(match.group(1))
+    raise bad_request("cursor is not valid; use the next_cursor of a previous page")
+
+
+def json_body(req: falcon.Request, max_bytes: int) -> Any:
+    """The request body parsed as JSON, read up to ``max_bytes``."""
+    if req.content_length is not None and req.content_length > max_bytes:
+        raise Problem(413, "body-too-large", "Body too large", f"request bodies are limited to {max_bytes} bytes")
+    raw = req.bounded_stream.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise Problem(413, "body-too-large", "Body too large", f"request bodies are limited to {max_bytes} bytes")
+    if not raw.strip():
+        raise bad_request("a JSON body is required")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise bad_request("the body is not valid JSON") from None
+
+
+def discard_body(req: falcon.Request, max_bytes: int) -> None:
+    """Bodyless routes still bound what a client may send them."""
+    if req.content_length is not None and req.content_length > max_bytes:
+        raise Problem(413, "body-too-large", "Body too large", f"request bodies are limited to {max_bytes} bytes")

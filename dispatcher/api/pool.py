@@ -1,0 +1,112 @@
+"""A small database connection pool for the API process.
+
+One connection serves one request at a time.  The pool is built from
+``threading`` primitives on purpose: ``serve_main`` monkey-patches them, so
+under gevent a request waiting for a connection yields to the hub instead of
+blocking the process, while the unpatched test process (wsgiref threads,
+schemathesis in-process) gets ordinary thread-safe behaviour from the same
+code.  psycogreen makes the psycopg2 I/O itself cooperative.
+
+Connections are opened lazily, so the app can start while the database is
+down and serve 503 until it comes back.  A connection that fails with an
+operational error is discarded, and so is every idle one (a restart of the
+server kills them all; better one failed request than one per connection).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+
+from dispatcher import store
+from dispatcher.store import history
+
+log = logging.getLogger(__name__)
+
+
+class PoolTimeout(store.DatabaseUnavailable):
+    """Every connection stayed busy for the whole wait."""
+
+
+class QueryTimeout(store.DatabaseUnavailable):
+    """A statement ran past the API's statement_timeout."""
+
+
+class ConnectionPool:
+    def __init__(self, dsn: str, size: int, connect_timeout: float, statement_timeout: float) -> None:
+        self._dsn = dsn
+        self._connect_timeout = connect_timeout
+        self._statement_timeout_ms = max(1, int(statement_timeout * 1000))
+        self._slots = threading.BoundedSemaphore(size)
+        self._idle: collections.deque[store.Connection] = collections.deque()
+        self._closed = False
+
+    def _open(self) -> store.Connection:
+        conn = store.connect(self._dsn, self._connect_timeout, "dispatcher-api")
+        try:
+            history.session_setup(conn, self._statement_timeout_ms)
+        except psycopg2.Error:
+            conn.close()
+            raise
+        return conn
+
+    def _take(self) -> store.Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return self._open()
+
+    def _give_back(self, conn: store.Connection) -> None:
+        status = conn.info.transaction_status
+        if self._closed or conn.closed or status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+            # A request that escaped its `with conn` block left a transaction
+            # open (or the pool is shutting down): never hand that on.
+            self._discard(conn)
+            return
+        self._idle.append(conn)
+
+    def _discard(self, conn: store.Connection | None) -> None:
+        if conn is not None and not conn.closed:
+            try:
+                conn.close()
+            except psycopg2.Error:
+                pass
+
+    def _drain_idle(self) -> None:
+        while self._idle:
+            self._discard(self._idle.pop())
+
+    @contextmanager
+    def connection(self) -> Iterator[store.Connection]:
+        """Lend a connection for one request; operational failures become DatabaseUnavailable."""
+        if self._closed or not self._slots.acquire(timeout=self._connect_timeout):
+            raise PoolTimeout("no database connection became free in time")
+        conn: store.Connection | None = None
+        try:
+            conn = self._take()
+            yield conn
+        except psycopg2.errors.QueryCanceled:
+            # statement_timeout: the connection itself is healthy.
+            raise QueryTimeout("the database query took too long") from None
+        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+            log.warning("database connection failed: %s", str(exc).strip().splitlines()[0] if str(exc) else exc)
+            self._discard(conn)
+            conn = None
+            self._drain_idle()
+            raise store.DatabaseUnavailable("the database is unavailable") from None
+        finally:
+            if conn is not None:
+                self._give_back(conn)
+            self._slots.release()
+
+    def close(self) -> None:
+        self._closed = True
+        self._drain_idle()

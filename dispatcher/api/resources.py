@@ -1,0 +1,250 @@
+"""The API's resources: one class per route template.
+
+A responder authenticates first (so a malformed id from an anonymous client
+gets 401, not 404), parses its input with ``params`` (4xx on anything odd),
+and calls ``store.history`` for the work.  Store exceptions are turned into
+problems by the handlers in ``problems``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import falcon
+
+from dispatcher.api import auth, params
+from dispatcher.api.pool import ConnectionPool
+from dispatcher.api.problems import Problem, bad_request, not_found, unprocessable
+from dispatcher.config import ApiConfig
+from dispatcher.store import Connection, history
+
+
+@dataclass(frozen=True)
+class ApiContext:
+    config: ApiConfig
+    pool: ConnectionPool
+    openapi: bytes
+    console: bytes
+    console_csp: str
+
+
+@contextmanager
+def session(ctx: ApiContext, req: falcon.Request, scope: str) -> Iterator[tuple[Connection, auth.Principal]]:
+    """A pooled connection plus the authenticated principal holding ``scope``."""
+    try:
+        token = auth.bearer_token(req.get_header("Authorization"))
+    except auth.Unauthenticated as exc:
+        raise _unauthorized(str(exc)) from None
+    with ctx.pool.connection() as conn:
+        try:
+            principal = auth.authenticate(conn, token, scope)
+        except auth.Unauthenticated as exc:
+            raise _unauthorized(str(exc)) from None
+        except auth.Forbidden as exc:
+            raise Problem(403, "forbidden", "Forbidden", str(exc)) from None
+        yield conn, principal
+
+
+def _unauthorized(detail: str) -> Problem:
+    return Problem(401, "unauthorized", "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _ts(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def delivery_json(row: dict[str, Any]) -> dict[str, Any]:
+    """The public shape of a delivery; claim internals (locks, tokens) are never read."""
+    out = {key: row[key] for key in history.DELIVERY_COLUMNS}
+    for key in ("created_at", "next_attempt_at", "delivered_at", "finished_at"):
+        out[key] = _ts(out[key])
+    if "attempts" in row:
+        out["attempts"] = [
+            {**a, "started_at": _ts(a["started_at"])} for a in row["attempts"]
+        ]
+    return out
+
+
+def _page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    # One extra row was fetched only to learn whether another page exists.
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"data": [delivery_json(r) for r in rows],
+            "next_cursor": params.encode_cursor(rows[-1]["id"]) if more else None}
+
+
+class Deliveries:
+    """GET /v2/webhooks/deliveries: the workspace's deliveries, newest first."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            params.only(req, "event_id", "endpoint_id", "status", "since", "until", "limit", "cursor")
+            filters = history.DeliveryFilter(
+                event_id=params.query_event_id(req), endpoint_id=params.query_int(req, "endpoint_id"),
+                status=params.status(req), since=params.query_timestamp(req, "since"),
+                until=params.query_timestamp(req, "until"))
+            limit, before = params.limit(req), params.cursor(req)
+            rows = history.list_deliveries(conn, who.workspace_id, filters, before, limit + 1)
+        resp.media = _page(rows, limit)
+
+
+class Delivery:
+    """GET /v2/webhooks/deliveries/{delivery_id}: one delivery with every attempt."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, delivery_id: str) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            ident = params.path_id(delivery_id, "delivery")
+            params.only(req)
+            row = history.get_delivery(conn, who.workspace_id, ident)
+        resp.media = delivery_json(row)
+
+
+class Replay:
+    """POST /v2/webhooks/deliveries/{delivery_id}/replay."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, delivery_id: str) -> None:
+        params.discard_body(req, self.ctx.config.max_body_bytes)
+        with session(self.ctx, req, auth.WRITE) as (conn, who):
+            ident = params.path_id(delivery_id, "delivery")
+            params.only(req)
+            row = history.replay(conn, who.workspace_id, ident, self.ctx.config.replays_per_hour)
+        resp.status = falcon.HTTP_202
+        resp.location = f"/v2/webhooks/deliveries/{row['id']}"
+        resp.media = delivery_json(row)
+
+
+class EventDeliveries:
+    """GET /v2/events/{event_id}/deliveries: every delivery of one event, replays included."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, event_id: str) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            event = params.event_id(event_id)
+            params.only(req, "limit", "cursor")
+            limit, before = params.limit(req), params.cursor(req)
+            filters = history.DeliveryFilter(event_id=event)
+            rows = history.list_deliveries(conn, who.workspace_id, filters, before, limit + 1, with_attempts=True)
+            # An event with no endpoint subscribed has no rows but does exist.
+            if not rows and before is None and not history.event_exists(conn, who.workspace_id, event):
+                raise not_found(f"event {event[:80]!r} does not exist")
+        resp.media = {"event_id": event, **_page(rows, limit)}
+
+
+def breaker_state(row: dict[str, Any]) -> str:
+    # An open breaker whose open_until has passed lets the next delivery
+    # through as the probe: that is half-open, whatever the row still says.
+    return "half_open" if row["probe_due"] else str(row["state"])
+
+
+def endpoint_json(row: dict[str, Any]) -> dict[str, Any]:
+    age = row["oldest_pending_age_seconds"]
+    return {
+        "id": row["id"], "url": row["url"], "active": row["active"],
+        "event_types": list(row["event_types"] or []), "created_at": _ts(row["created_at"]),
+        "breaker": {"state": breaker_state(row), "consecutive_failures": row["consecutive_failures"],
+                    "open_until": _ts(row["open_until"]), "opened_at": _ts(row["opened_at"])},
+        "pending": {"count": row["pending_count"], "oldest_created_at": _ts(row["oldest_pending_at"]),
+                    "oldest_age_seconds": None if age is None else max(0.0, round(float(age), 3))},
+        "last_success_at": _ts(row["last_success_at"]),
+        "last_failure_at": _ts(row["last_failure_at"]),
+        "last_error": row["last_error"],
+    }
+
+
+class Endpoint:
+    """GET /v2/webhooks/endpoints/{endpoint_id}: configuration, breaker and backlog."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            ident = params.path_id(endpoint_id, "endpoint")
+            params.only(req)
+            row = history.endpoint_state(conn, who.workspace_id, ident)
+        resp.media = endpoint_json(row)
+
+
+def _recover_window(body: Any, max_age: float) -> tuple[datetime, datetime | None]:
+    if not isinstance(body, dict):
+        raise bad_request('the body must be a JSON object like {"since": "2026-09-01T00:00:00Z"}')
+    unknown = sorted(set(body) - {"since", "until"})
+    if unknown:
+        raise bad_request(f"unknown field(s): {', '.join(unknown)[:200]}")
+    if "since" not in body:
+        raise bad_request("since is required")
+    since = params.timestamp(body["since"], "since")
+    until = params.timestamp(body["until"], "until") if body.get("until") is not None else None
+    if since < datetime.now(UTC) - timedelta(seconds=max_age):
+        raise unprocessable(f"since may be at most {math.floor(max_age / 86400)} days back")
+    if until is not None and until <= since:
+        raise unprocessable("until must be later than since")
+    return since, until
+
+
+class Recover:
+    """POST /v2/webhooks/endpoints/{endpoint_id}/recover: bulk replay after an outage."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        config = self.ctx.config
+        with session(self.ctx, req, auth.WRITE) as (conn, who):
+            ident = params.path_id(endpoint_id, "endpoint")
+            params.only(req)
+            since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
+            result = history.recover(conn, who.workspace_id, ident, since, until, config.replays_per_hour)
+        resp.status = falcon.HTTP_202
+        resp.media = {"endpoint_id": ident, "queued": result.queued, "replay_units": result.units,
+                      "since": since.isoformat(), "until": _ts(until)}
+
+
+class Health:
+    """GET /healthz: the process serves and its database answers."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with self.ctx.pool.connection() as conn:
+            history.ping(conn)
+        resp.media = {"status": "ok"}
+
+
+class OpenApi:
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = falcon.MEDIA_JSON
+        resp.data = self.ctx.openapi
+
+
+class Console:
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = "text/html; charset=utf-8"
+        resp.set_header("Content-Security-Policy", self.ctx.console_csp)
+        resp.set_header("X-Content-Type-Options", "nosniff")
+        resp.set_header("Referrer-Policy", "no-referrer")
+        resp.set_header("Cache-Control", "no-store")
+        resp.data = self.ctx.console

@@ -1,0 +1,165 @@
+-- Named queries of the HTTP API (dispatcher/api), executed only by
+-- dispatcher/store/history.py. Every name starts with api_.
+-- Optional filters are written "(%(x)s::type IS NULL OR ...)": psycopg2
+-- interpolates on the client, so the planner sees a constant NULL and folds
+-- the unused branch away, and each call still gets the right index.
+
+-- name: api_session_setup
+-- Per connection: bound every API statement, and render timestamps in UTC.
+SELECT set_config('statement_timeout', %(statement_timeout)s, false),
+       set_config('TimeZone', 'UTC', false);
+
+-- name: api_schema_ready
+SELECT to_regclass('api_tokens') IS NOT NULL AND to_regclass('api_replay_ledger') IS NOT NULL;
+
+-- name: api_ping
+SELECT 1;
+
+-- name: api_insert_token
+INSERT INTO api_tokens (token_sha256, workspace_id, scopes)
+SELECT %(token_sha256)s, id, %(scopes)s FROM workspaces WHERE id = %(workspace_id)s
+RETURNING id;
+
+-- name: api_lookup_token
+SELECT workspace_id, scopes FROM api_tokens
+ WHERE token_sha256 = %(token_sha256)s AND revoked_at IS NULL;
+
+-- name: api_list_deliveries
+-- Keyset pagination on id, newest first: a page is "ids below the cursor",
+-- so rows inserted meanwhile (higher ids) never shift later pages. Columns
+-- are in history.DELIVERY_COLUMNS order.
+SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
+       d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
+       d.last_status_code, d.last_error
+  FROM webhook_deliveries d
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+ WHERE d.workspace_id = %(workspace_id)s
+   AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s::bigint)
+   AND (%(event_id)s::text IS NULL OR d.event_id = %(event_id)s::text)
+   AND (%(endpoint_id)s::bigint IS NULL OR d.endpoint_id = %(endpoint_id)s::bigint)
+   AND (%(status)s::text IS NULL OR d.status = %(status)s::text)
+   AND (%(since)s::timestamptz IS NULL OR d.created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s::timestamptz)
+ ORDER BY d.id DESC
+ LIMIT %(limit)s;
+
+-- name: api_get_delivery
+SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
+       d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
+       d.last_status_code, d.last_error
+  FROM webhook_deliveries d
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+ WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
+
+-- name: api_delivery_attempts
+-- The caller passes only ids it already read under the workspace filter.
+SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt
+  FROM webhook_delivery_attempts
+ WHERE delivery_id = ANY (%(ids)s::bigint[])
+ ORDER BY delivery_id, attempt, id;
+
+-- name: api_event_exists
+SELECT 1 FROM events WHERE id = %(event_id)s AND workspace_id = %(workspace_id)s;
+
+-- name: api_replay_source
+-- What a replay needs to decide 404 / 409 before it spends the budget.
+SELECT d.endpoint_id, d.event_id, d.payload_hash,
+       e.id IS NOT NULL AS endpoint_exists,
+       coalesce(e.active, false) AS endpoint_active,
+       EXISTS (SELECT 1 FROM events ev WHERE ev.id = d.event_id AND ev.workspace_id = d.workspace_id)
+           AS event_exists
+  FROM webhook_deliveries d
+  LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
+ WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
+
+-- name: api_insert_replay
+-- A new row, never a reset of the old one: the old row keeps its attempts
+-- and outcome, and the engine sends the same event (so the same
+-- Idempotency-Key / webhook-id), freshly signed.
+WITH ins AS (
+    INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
+                                    attempt, status, mode, next_attempt_at, replay_of)
+    VALUES (%(workspace_id)s, %(endpoint_id)s, %(event_id)s, %(payload_hash)s,
+            0, 'pending', 'live', now(), %(replay_of)s)
+    RETURNING *
+)
+SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
+       d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
+       d.last_status_code, d.last_error
+  FROM ins d
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id;
+
+-- name: api_replay_lock
+-- Serialises one workspace's budget checks across every API process; a hash
+-- collision between two workspaces only makes them wait for each other.
+SELECT pg_advisory_xact_lock(hashtextextended('dispatcher.api.replay:' || %(workspace_id)s, 0));
+
+-- name: api_replay_window
+-- The workspace's spending in the last hour, oldest first, with how many
+-- seconds until each entry leaves the window; expired entries are deleted.
+WITH expired AS (
+    DELETE FROM api_replay_ledger
+     WHERE workspace_id = %(workspace_id)s AND at <= now() - interval '1 hour'
+)
+SELECT units, extract(epoch FROM at + interval '1 hour' - now())::float8
+  FROM api_replay_ledger
+ WHERE workspace_id = %(workspace_id)s AND at > now() - interval '1 hour'
+ ORDER BY at, id;
+
+-- name: api_replay_spend
+INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(units)s);
+
+-- name: api_endpoint
+-- Columns are in history.ENDPOINT_COLUMNS order. No endpoint_state row means
+-- the engine never recorded a failure: closed, zero failures. The pending
+-- aggregate walks the endpoint's slice of webhook_deliveries_due.
+SELECT e.id, e.url, e.active, e.event_types, e.created_at,
+       coalesce(s.state, 'closed'), coalesce(s.consecutive_failures, 0),
+       s.open_until, s.opened_at, coalesce(s.state = 'open' AND s.open_until <= now(), false),
+       s.last_success_at, s.last_failure_at, s.last_error,
+       p.pending, p.oldest, extract(epoch FROM now() - p.oldest)::float8
+  FROM webhook_endpoints e
+  LEFT JOIN endpoint_state s ON s.endpoint_id = e.id
+ CROSS JOIN LATERAL (
+        SELECT count(*) AS pending, min(d.created_at) AS oldest
+          FROM webhook_deliveries d
+         WHERE d.endpoint_id = e.id AND d.status = 'pending'
+       ) p
+ WHERE e.id = %(id)s AND e.workspace_id = %(workspace_id)s;
+
+-- name: api_endpoint_for_recover
+SELECT active FROM webhook_endpoints WHERE id = %(id)s AND workspace_id = %(workspace_id)s;
+
+-- name: api_recover_count
+-- One candidate per event: the newest dead/failed live row of each event
+-- this endpoint failed since the cut-off, unless the event is already
+-- pending or delivered on this endpoint (an earlier recover or replay).
+SELECT count(*) FROM (
+    SELECT DISTINCT d.event_id
+      FROM webhook_deliveries d
+     WHERE d.endpoint_id = %(endpoint_id)s AND d.workspace_id = %(workspace_id)s
+       AND d.status IN ('dead', 'failed') AND d.mode = 'live'
+       AND d.created_at >= %(since)s AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s::timestamptz)
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
+                        WHERE o.event_id = d.event_id AND o.endpoint_id = d.endpoint_id
+                          AND o.status IN ('pending', 'delivered'))
+) c;
+
+-- name: api_recover_insert
+-- Same selection as api_recover_count, run under the same workspace lock.
+INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
+                                attempt, status, mode, next_attempt_at, replay_of)
+SELECT c.workspace_id, c.endpoint_id, c.event_id, c.payload_hash, 0, 'pending', 'live', now(), c.id
+  FROM (
+    SELECT DISTINCT ON (d.event_id) d.id, d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash
+      FROM webhook_deliveries d
+     WHERE d.endpoint_id = %(endpoint_id)s AND d.workspace_id = %(workspace_id)s
+       AND d.status IN ('dead', 'failed') AND d.mode = 'live'
+       AND d.created_at >= %(since)s AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s::timestamptz)
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
+                        WHERE o.event_id = d.event_id AND o.endpoint_id = d.endpoint_id
+                          AND o.status IN ('pending', 'delivered'))
+     ORDER BY d.event_id, d.id DESC
+  ) c
+ ORDER BY c.id
+RETURNING id;
