@@ -1,0 +1,406 @@
+"""Loopback tests of the mock webhook receiver (``dispatcher.receiver``).
+
+Every test talks to a real ``python -m dispatcher.receiver`` subprocess over
+127.0.0.1.  Tests use their own endpoint keys, so they can share one receiver.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from dispatcher.receiver import ReceiverProcess, closed_port_url, signed_headers
+from dispatcher.signing import as_standard_secret
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "plain-workspace-secret"
+ROTATED = "whsec_" + base64.b64encode(b"the-new-key-after-rotation").decode()
+BODY = b'{"type":"job.completed","data":{"job_id":"j_1"}}'
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[ReceiverProcess]:
+    with ReceiverProcess([SECRET, ROTATED], seed=7) as running:
+        yield running
+
+
+def new_key() -> str:
+    return f"ep-{uuid.uuid4().hex[:12]}"
+
+
+def post(
+    url: str, headers: Mapping[str, str], body: bytes = BODY,
+    connection: http.client.HTTPConnection | None = None,
+) -> tuple[int, dict[str, str]]:
+    """POST and read the whole answer; returns (status, lower-cased headers)."""
+    parts = urlsplit(url)
+    conn = connection or http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("POST", target, body=body, headers=dict(headers))
+        response = conn.getresponse()
+        response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        if connection is None:
+            conn.close()
+
+
+def deliver(url: str, webhook_id: str | None = None, **kwargs: Any) -> tuple[int, dict[str, str]]:
+    """A correctly signed delivery."""
+    wid = webhook_id or f"msg_{uuid.uuid4().hex}"
+    return post(url, signed_headers(SECRET, wid, BODY, **kwargs))
+
+
+def raw_request(path: str, host: str, headers: Mapping[str, str] | None = None, body: bytes = BODY) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def read_response(stream: Any) -> tuple[int, dict[str, str]]:
+    """One Content-Length response from a socket file (no http.client buffering)."""
+    status = int(stream.readline().split()[1])
+    headers: dict[str, str] = {}
+    while (line := stream.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    stream.read(int(headers.get("content-length", "0")))
+    return status, headers
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_signed_delivery_is_counted(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    status, _ = deliver(receiver.url("ok", key), "msg_counted", attempt=1)
+    assert status == 200
+    ep = receiver.endpoint(key)
+    assert (ep["count"], ep["unique"], ep["duplicates"], ep["bad_signatures"]) == (1, 1, 0, 0)
+    assert ep["statuses"] == {"200": 1}
+    assert ep["attempts"] == {"1": 1}
+    [row] = [d for d in receiver.deliveries() if d.endpoint == key]
+    assert (row.webhook_id, row.count, row.ok) == ("msg_counted", 1, 1)
+    assert row.first_2xx_ts is not None
+    assert row.attempts == ("1",)
+    assert row.idempotency_keys == ("msg_counted",)
+
+
+def test_whsec_secrets_and_rotation_verify(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("ok", key)
+    assert post(url, signed_headers(ROTATED, "msg_a", BODY))[0] == 200
+    # The whsec_ form of the plain secret is the same key.
+    assert post(url, signed_headers(as_standard_secret(SECRET), "msg_b", BODY))[0] == 200
+    # During a rotation the sender signs with both keys; one matching is enough.
+    assert post(url, signed_headers(["unknown-old-secret", SECRET], "msg_c", BODY))[0] == 200
+    assert receiver.endpoint(key)["count"] == 3
+
+
+def test_bad_signature_is_refused_with_401(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("ok", key)
+    assert post(url, signed_headers("wrong-secret", "msg_1", BODY))[0] == 401
+    assert post(url, signed_headers(SECRET, "msg_2", BODY), body=BODY + b" ")[0] == 401  # tampered
+    stale = signed_headers(SECRET, "msg_3", BODY)
+    stale["webhook-id"] = "msg_other"  # the id is part of the signed content
+    assert post(url, stale)[0] == 401
+    assert post(url, {"webhook-id": "msg_4"})[0] == 401  # unsigned
+    ep = receiver.endpoint(key)
+    assert (ep["bad_signatures"], ep["count"], ep["requests"]) == (4, 0, 4)
+    assert ep["statuses"] == {"401": 4}
+    assert not [d for d in receiver.deliveries() if d.endpoint == key]
+
+
+# --------------------------------------------------------------------------- counting
+
+
+def test_duplicates_are_counted_by_webhook_id(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("ok", key)
+    for attempt in (1, 2, 3):
+        assert deliver(url, "msg_dup", attempt=attempt)[0] == 200
+    assert deliver(url, "msg_single")[0] == 200
+    ep = receiver.endpoint(key)
+    assert (ep["count"], ep["unique"], ep["duplicates"], ep["duplicates_2xx"]) == (4, 2, 2, 2)
+    rows = {d.webhook_id: d for d in receiver.deliveries() if d.endpoint == key}
+    assert (rows["msg_dup"].count, rows["msg_dup"].attempts) == (3, ("1", "2", "3"))
+    assert rows["msg_single"].count == 1
+
+
+def test_retries_after_errors_are_duplicates_but_not_2xx_duplicates(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    receiver.set_profile(key, {"profile": "error", "error_status": 503})
+    url = receiver.url("ok", key)
+    assert deliver(url, "msg_retry", attempt=1)[0] == 503
+    receiver.set_profile(key, None)
+    assert deliver(url, "msg_retry", attempt=2)[0] == 200
+    ep = receiver.endpoint(key)
+    assert (ep["duplicates"], ep["duplicates_2xx"], ep["ok"]) == (1, 0, 1)
+    assert ep["statuses"] == {"200": 1, "503": 1}
+
+
+def test_idempotency_keys_are_recorded(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("ok", key)
+    deliver(url, "msg_idem", idempotency_key="msg_idem")
+    deliver(url, "msg_idem", idempotency_key="something-else", attempt=2)
+    headers = signed_headers(SECRET, "msg_nokey", BODY)
+    del headers["Idempotency-Key"]
+    post(url, headers)
+    ep = receiver.endpoint(key)
+    assert (ep["idempotency_key_mismatch"], ep["idempotency_key_missing"]) == (1, 1)
+    rows = {d.webhook_id: d for d in receiver.deliveries() if d.endpoint == key}
+    assert rows["msg_idem"].idempotency_keys == ("msg_idem", "something-else")
+    assert rows["msg_nokey"].idempotency_keys == ()
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def hold_requests(receiver: ReceiverProcess, key: str, n: int) -> list[socket.socket]:
+    """n connections, each with one request the /hang profile never answers."""
+    held = []
+    for i in range(n):
+        sock = socket.create_connection((receiver.host, receiver.port), timeout=30)
+        sock.sendall(raw_request(f"/hang/{key}", receiver.host, signed_headers(SECRET, f"msg_{i}", BODY)))
+        held.append(sock)
+    return held
+
+
+def test_max_concurrency_is_exact_while_requests_are_held(receiver: ReceiverProcess) -> None:
+    key, n = new_key(), 6
+    held = hold_requests(receiver, key, n)
+    try:
+        # Nothing leaves a hung endpoint until its client does, so all n overlap.
+        stats = receiver.wait_until(lambda s: s["endpoints"].get(key, {}).get("in_flight") == n)
+        assert stats["endpoints"][key]["max_concurrency"] == n
+    finally:
+        for sock in held:
+            sock.close()
+    ep = receiver.wait_until(lambda s: s["endpoints"][key]["in_flight"] == 0)["endpoints"][key]
+    assert ep["max_concurrency"] == n
+    assert ep["statuses"] == {"0": n}  # never answered
+    assert ep["ok"] == 0
+
+
+def test_overlapping_slow_requests_raise_max_concurrency(receiver: ReceiverProcess) -> None:
+    key, n = new_key(), 8
+    url = receiver.url("latency", key, ms=400)
+    barrier = threading.Barrier(n)
+    statuses: list[int] = []
+
+    def one(i: int) -> None:
+        headers = signed_headers(SECRET, f"msg_{i}", BODY)
+        barrier.wait()
+        statuses.append(post(url, headers)[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses == [200] * n
+    assert 2 <= receiver.endpoint(key)["max_concurrency"] <= n
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def test_error_profile_answers_its_status(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    assert deliver(receiver.url("error", key, rate=1, status=500))[0] == 500
+    assert deliver(receiver.url("error", key, rate=1, status=502, ms=5))[0] == 502
+    assert deliver(receiver.url("error", key, rate=0))[0] == 200
+    assert receiver.endpoint(key)["statuses"] == {"200": 1, "500": 1, "502": 1}
+
+
+def test_error_rate_mixes_statuses(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("error", key, rate=0.5, status=500)
+    statuses = {deliver(url)[0] for _ in range(100)}
+    assert statuses == {200, 500}  # all 100 alike has probability 2**-99
+    assert sum(receiver.endpoint(key)["statuses"].values()) == 100
+
+
+def test_ratelimit_and_unavailable_send_retry_after(receiver: ReceiverProcess) -> None:
+    status, headers = deliver(receiver.url("ratelimit", new_key(), retry_after=2))
+    assert (status, headers["retry-after"]) == (429, "2")
+    status, headers = deliver(receiver.url("unavailable", new_key(), retry_after=5))
+    assert (status, headers["retry-after"]) == (503, "5")
+
+
+def test_redirect_status_and_slow_profiles(receiver: ReceiverProcess) -> None:
+    status, headers = deliver(receiver.url("redirect", new_key(), to="http://example.invalid/x", code=307))
+    assert (status, headers["location"]) == (307, "http://example.invalid/x")
+    assert deliver(receiver.url("status", new_key(), code=410))[0] == 410
+    assert deliver(receiver.url("slow", new_key(), ms=50))[0] == 200
+    assert deliver(receiver.url("latency", new_key(), median_ms=5, sigma=0.5))[0] == 200
+    status, _ = deliver(receiver.url("ok", new_key(), body=100))
+    assert status == 200
+
+
+def test_runtime_profile_flip(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("error", key, rate=1, status=500)
+    assert deliver(url)[0] == 500
+    receiver.set_profile(key, "ok")  # the endpoint comes back
+    assert deliver(url)[0] == 200
+    receiver.set_profile(key, {"profile": "error", "error_status": 503, "retry_after": "60"})
+    status, headers = deliver(url)
+    assert (status, headers["retry-after"]) == (503, "60")
+    receiver.set_profile(key, None)  # back to what the URL says
+    assert deliver(url)[0] == 500
+    assert receiver.endpoint(key)["statuses"] == {"200": 1, "500": 2, "503": 1}
+
+
+def test_invalid_runtime_profile_is_refused(receiver: ReceiverProcess) -> None:
+    with pytest.raises(RuntimeError, match="400"):
+        receiver.set_profile(new_key(), {"error_rate": 7})
+    with pytest.raises(RuntimeError, match="400"):
+        receiver.set_profile(new_key(), {"no_such_field": 1})
+    with pytest.raises(RuntimeError, match="400"):  # header injection
+        receiver.set_profile(new_key(), {"profile": "redirect", "location": "/x\r\nSet-Cookie: a=b"})
+
+
+def test_profiles_file_and_unverified_mode() -> None:
+    profiles = {"flaky": {"error_rate": 1, "error_status": 502, "retry_after": "9"}}
+    with ReceiverProcess(profiles=profiles) as receiver:  # no secrets: nothing is verified
+        status, headers = post(receiver.url("ok", "flaky"), {"webhook-id": "msg_1"})
+        assert (status, headers["retry-after"]) == (502, "9")
+        assert post(receiver.url("ok", "other"), {"webhook-id": "msg_1"})[0] == 200
+        assert post(receiver.url("ok", "other"), {})[0] == 400  # still needs a webhook-id
+        ep = receiver.endpoint("other")
+        assert (ep["count"], ep["bad_requests"], ep["bad_signatures"]) == (1, 1, 0)
+
+
+def test_a_bad_profiles_file_fails_the_start() -> None:
+    with pytest.raises(RuntimeError, match="did not start"):
+        ReceiverProcess(profiles={"k": {"no_such_field": 1}}, startup_timeout=10).start()
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    url = receiver.url("ok", key)
+    connection = http.client.HTTPConnection(receiver.host, receiver.port, timeout=30)
+    try:
+        post(url, signed_headers(SECRET, "msg_0", BODY), connection=connection)
+        first_socket = connection.sock
+        for i in range(1, 5):
+            assert post(url, signed_headers(SECRET, f"msg_{i}", BODY), connection=connection)[0] == 200
+            assert connection.sock is first_socket  # not reconnected
+    finally:
+        connection.close()
+    assert receiver.endpoint(key)["count"] == 5
+
+
+def test_pipelined_requests_and_connection_close(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    batch = b"".join(
+        raw_request(f"/ok/{key}", receiver.host, signed_headers(SECRET, f"msg_{i}", BODY)) for i in range(3)
+    )
+    closing = raw_request(f"/ok/{key}", receiver.host, {**signed_headers(SECRET, "msg_3", BODY), "Connection": "close"})
+    with socket.create_connection((receiver.host, receiver.port), timeout=30) as sock:
+        sock.sendall(batch + b"\r\n" + closing)  # one write, and a stray CRLF (RFC 9112 2.2)
+        stream = sock.makefile("rb")
+        assert [read_response(stream)[0] for _ in range(3)] == [200, 200, 200]
+        status, headers = read_response(stream)
+        assert (status, headers.get("connection")) == (200, "close")
+        assert stream.read() == b""  # and it did close
+    assert receiver.endpoint(key)["count"] == 4
+
+
+def test_bad_requests_and_unknown_routes_are_not_counted(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    connection = http.client.HTTPConnection(receiver.host, receiver.port, timeout=30)
+    try:
+        cases = [("GET", f"/ok/{key}", 405), ("POST", f"/nope/{key}", 404), ("POST", f"/down/{key}", 404),
+                 ("POST", "/ok", 404), ("POST", f"/latency/{key}?ms=abc", 400), ("GET", "/_nope", 404)]
+        for method, path, expected in cases:
+            connection.request(method, path, body=BODY if method == "POST" else None)
+            response = connection.getresponse()
+            response.read()
+            assert (path, response.status) == (path, expected)
+        connection.request("GET", "/_healthz")
+        assert connection.getresponse().read() == b"ok\n"
+    finally:
+        connection.close()
+    with socket.create_connection((receiver.host, receiver.port), timeout=30) as sock:
+        sock.sendall(f"POST /ok/{key} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".encode())
+        assert read_response(sock.makefile("rb"))[0] == 411
+    assert key not in receiver.stats()["endpoints"]
+
+
+def test_closed_port_url_refuses_connections() -> None:
+    parts = urlsplit(closed_port_url("gone"))
+    assert parts.path == "/down/gone"
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((parts.hostname, parts.port), timeout=5)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def test_several_processes_merge_their_counts() -> None:
+    with ReceiverProcess([SECRET], processes=2) as receiver:
+        key = new_key()
+        url = receiver.url("ok", key)
+        for i in range(40):  # a fresh connection each time, so both processes serve
+            assert deliver(url, f"msg_{i % 10}", attempt=i // 10 + 1)[0] == 200
+        stats = receiver.stats()
+        assert (stats["processes"], stats["total"]) == (2, 40)
+        ep = stats["endpoints"][key]
+        assert (ep["count"], ep["unique"], ep["duplicates"], ep["duplicates_2xx"]) == (40, 10, 30, 30)
+        rows = [d for d in receiver.deliveries() if d.endpoint == key]
+        assert sorted(d.webhook_id for d in rows) == sorted(f"msg_{i}" for i in range(10))
+        assert {d.attempts for d in rows} == {("1", "2", "3", "4")}
+        assert receiver.stats(fast=True)["endpoints"][key]["unique"] is None  # skipped merge
+
+
+def test_several_processes_share_concurrency_profiles_and_reset() -> None:
+    with ReceiverProcess([SECRET], processes=2) as receiver:
+        key, n = new_key(), 6
+        held = hold_requests(receiver, key, n)
+        try:
+            stats = receiver.wait_until(lambda s: s["endpoints"].get(key, {}).get("in_flight") == n)
+            assert stats["endpoints"][key]["max_concurrency"] == n  # global, not per process
+        finally:
+            for sock in held:
+                sock.close()
+        flip = new_key()
+        receiver.set_profile(flip, {"profile": "status", "status": 418})
+        assert {deliver(receiver.url("ok", flip))[0] for _ in range(20)} == {418}
+        receiver.reset()
+        assert receiver.stats()["total"] == 0
+
+
+def test_receiver_leaves_no_processes_behind() -> None:
+    receiver = ReceiverProcess(processes=2)
+    with pytest.raises(ZeroDivisionError), receiver:
+        pids = [*receiver.stats()["pids"], receiver.pid]
+        assert len(pids) == 3
+        1 / 0  # noqa: B018 -- a failing test body
+    assert not receiver.running
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_importing_the_library_does_not_monkey_patch() -> None:
+    from gevent import monkey
+
+    assert not monkey.is_module_patched("socket")
