@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -46,7 +47,7 @@ def parse_duration(value: Any) -> float:
         match = _DURATION.match(value)
         if match:
             seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-            if seconds > 0:
+            if 0 < seconds < math.inf:
                 return seconds
     raise ConfigError(f"{value!r} is not a duration (write e.g. 250ms, 10s, 5m, 24h)")
 
@@ -114,9 +115,16 @@ def _listen(value: Any) -> tuple[str, int]:
     return host.strip("[]"), _port(int(port)) if int(port) else 0
 
 
-def setting(default: Any, parse: Parser, doc: str) -> Any:
-    """Declare a setting: its default, its parser/validator and its doc."""
-    return field(default=default, metadata={"parse": parse, "doc": doc})
+def setting(default: Any, parse: Parser, doc: str, shown: str | None = None) -> Any:
+    """Declare a setting: its default, its parser/validator and its doc.
+
+    ``shown`` is the default as written in YAML, for the docs, when the value
+    itself would print differently (``auto`` for a core count, ``host:port``).
+    """
+    metadata: dict[str, Any] = {"parse": parse, "doc": doc}
+    if shown is not None:
+        metadata["shown"] = shown
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,8 @@ class DatabaseConfig:
 
 @dataclass(frozen=True)
 class WorkersConfig:
-    processes: int = setting(_processes("auto"), _processes, "worker processes; 'auto' = one per core")
+    processes: int = setting(_processes("auto"), _processes, "worker processes; 'auto' = one per core",
+                             shown="auto")
     claim_batch: int = setting(200, _positive_int, "rows claimed per claim transaction at most")
     per_endpoint_concurrency: int = setting(4, _positive_int, "requests in flight to one endpoint per process")
     poll_interval: float = setting(0.5, parse_duration, "how often an idle worker looks for due rows")
@@ -179,9 +188,14 @@ class RetentionConfig:
 
 @dataclass(frozen=True)
 class ApiConfig:
-    listen: tuple[str, int] = setting(("127.0.0.1", 8080), _listen, "host:port of the HTTP API")
+    listen: tuple[str, int] = setting(("127.0.0.1", 8080), _listen, "host:port of the HTTP API",
+                                      shown="127.0.0.1:8080")
     replays_per_hour: int = setting(100, _positive_int, "replay requests per workspace per hour")
     max_body_bytes: int = setting(65536, _positive_int, "largest request body accepted")
+    pool_size: int = setting(8, _positive_int, "database connections per API process (one per request in flight)")
+    statement_timeout: float = setting(5.0, parse_duration,
+                                       "longest an API query may run; past it the request gets 503")
+    recover_max_age: float = setting(30 * 86400.0, parse_duration, "how far back endpoint recover may reach (since)")
 
 
 @dataclass(frozen=True)
@@ -234,7 +248,7 @@ class RetryConfig:
     ceiling: float = setting(86400.0, parse_duration, "last attempt at most this long after creation, then dead")
     jitter: float = setting(0.2, lambda v: _fraction(v), "a gap is drawn from [gap*(1-jitter), gap]")
     policies: PolicyOverrides = setting((), _policy_overrides,
-                                                       "per event type overrides, e.g. max_attempts: 1")
+                                        "per event type overrides, e.g. max_attempts: 1", shown="{}")
 
     def retry_policies(self) -> RetryPolicies:
         default = RetryPolicy(base=self.base, max_interval=self.max_interval,
@@ -288,7 +302,7 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'top level'}: expected a mapping, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
-    unknown = sorted(set(raw) - set(fields))
+    unknown = sorted(str(key) for key in set(raw) - set(fields))
     if unknown:
         raise ConfigError(f"unknown key {prefix}{unknown[0]}")
     values: dict[str, Any] = {}
@@ -307,6 +321,8 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
 def config_from_mapping(raw: Mapping[str, Any], env: Mapping[str, str] | None = None,
                         source: str = "<mapping>") -> Config:
     """Build a validated Config from parsed YAML, applying environment overrides."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"top level: expected a mapping of settings, got {type(raw).__name__}")
     config = _build(Config, dict(raw), "")
     environ = os.environ if env is None else env
     dsn = environ.get(DSN_ENV)
@@ -334,6 +350,8 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {file} is not UTF-8 text") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -343,8 +361,40 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
     return config_from_mapping(raw or {}, env, source=str(file))
 
 
+def format_duration(seconds: float) -> str:
+    """The inverse of :func:`parse_duration`, in the largest whole unit (``24h``, ``500ms``)."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        count = seconds / size
+        if count >= 1 and count == int(count) and not (unit == "d" and count < 2):
+            return f"{int(count)}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
+def _shown(f: dataclasses.Field[Any]) -> str:
+    """A setting's default as it would be written in the YAML file."""
+    if "shown" in f.metadata:
+        return str(f.metadata["shown"])
+    if f.metadata["parse"] is parse_duration:
+        return format_duration(float(f.default))  # type: ignore[arg-type]
+    if isinstance(f.default, bool):
+        return "true" if f.default else "false"
+    if isinstance(f.default, tuple):
+        return "[" + ", ".join(str(item) for item in f.default) + "]"
+    if isinstance(f.default, str) and not _plain_yaml_scalar(f.default):
+        return '"' + f.default.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(f.default)
+
+
+def _plain_yaml_scalar(text: str) -> bool:
+    """Whether ``text`` reads back as the same string when written unquoted."""
+    try:
+        return bool(yaml.safe_load(f"v: {text}") == {"v": text})
+    except yaml.YAMLError:
+        return False
+
+
 def describe_settings() -> list[tuple[str, str, str]]:
-    """(dotted name, default, doc) of every setting, for docs and ``--help``."""
+    """(dotted name, default as written in YAML, doc) of every setting, for the docs."""
     rows: list[tuple[str, str, str]] = []
 
     def walk(cls: type, prefix: str) -> None:
@@ -352,7 +402,20 @@ def describe_settings() -> list[tuple[str, str, str]]:
             if f.name in _SECTIONS and cls is Config:
                 walk(_SECTIONS[f.name], f"{f.name}.")
             elif "doc" in f.metadata:
-                rows.append((prefix + f.name, repr(f.default), f.metadata["doc"]))
+                rows.append((prefix + f.name, _shown(f), f.metadata["doc"]))
 
     walk(Config, "")
     return rows
+
+
+def settings_markdown() -> str:
+    """The settings reference of docs/configuration.md (``python -m dispatcher.config``)."""
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for name, default, doc in describe_settings():
+        cells = (f"`{name}`", f"`{default}`", doc)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(settings_markdown(), end="")

@@ -76,12 +76,15 @@ class WebhookSender:
 
     def send(self, conn: store.Connection, event: Event) -> StoredEvent:
         """Write the event into the outbox inside the caller's open transaction."""
-        if not event.type or not event.workspace_id:
-            raise ProducerError("an event needs a workspace_id and a type")
+        if not isinstance(event.type, str) or not isinstance(event.workspace_id, str) \
+                or not event.type or not event.workspace_id:
+            raise ProducerError("an event needs a workspace_id and a type (non-empty strings)")
         try:
             payload = json.dumps(event.payload, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ProducerError(f"event payload is not JSON-serialisable: {exc}") from None
+        if "\\u0000" in payload or "\\ud" in payload:  # rare: only then look closer
+            _check_storable(payload)
         event_id = event.id or str(uuid.uuid4())
         occurred_at = event.occurred_at or datetime.now(UTC)
         result = store.send_event(conn, {
@@ -120,27 +123,64 @@ class WebhookSender:
             self._legacy_post(stored, url)
 
     def _legacy_post(self, stored: StoredEvent, url: str) -> None:
-        timestamp = int(time.time())
-        headers = delivery_headers(stored.id, 1, timestamp, stored.legacy_body,
-                                   signing_keys(stored.legacy_secrets))
+        # Runs after the caller's commit: whatever happens is logged, never
+        # raised (a bad stored secret or URL must not look like a failed commit).
         started = time.monotonic()
+        status: int | str
         try:
+            headers = delivery_headers(stored.id, 1, int(time.time()), stored.legacy_body,
+                                       signing_keys(stored.legacy_secrets))
             response = self._legacy_pool().request(
                 "POST", url, body=stored.legacy_body, headers=headers,
                 timeout=urllib3.Timeout(total=self._config.producer.legacy_timeout),
                 retries=False, redirect=False, preload_content=False)
-            status: int | str = response.status
+            status = response.status
             response.drain_conn()
             response.release_conn()
-        except (urllib3.exceptions.HTTPError, ValueError) as exc:
+        except (urllib3.exceptions.HTTPError, ValueError, OSError) as exc:  # InvalidSecret is a ValueError
             status = type(exc).__name__
         log.info("legacy webhook event_id=%s url_host=%s status=%s duration_ms=%d", stored.id,
-                 urllib3.util.parse_url(url).host, status, (time.monotonic() - started) * 1000)
+                 _url_host(url), status, (time.monotonic() - started) * 1000)
 
     def _legacy_pool(self) -> urllib3.PoolManager:
         if self._pool is None:
             self._pool = urllib3.PoolManager(num_pools=100, maxsize=4)
         return self._pool
+
+
+def _url_host(url: str) -> str | None:
+    """The host alone, for logs: webhook URLs often carry a token in their path."""
+    try:
+        return urllib3.util.parse_url(url).host
+    except ValueError:
+        return "<unparseable URL>"
+
+
+def _check_storable(payload: str) -> None:
+    """Refuse JSON that Postgres' jsonb rejects, before it aborts the caller's transaction.
+
+    ``json.dumps`` happily writes ``\\u0000`` (a NUL character) and lone UTF-16
+    surrogates such as ``\\ud800``; jsonb refuses both, and a failed statement
+    would leave the caller's whole transaction aborted.
+    """
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise ProducerError("event payload contains a NUL character (\\u0000), which Postgres cannot store")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ProducerError("event payload contains a lone UTF-16 surrogate (not valid Unicode)") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key)
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(json.loads(payload))
 
 
 class _Transaction:

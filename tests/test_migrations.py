@@ -1,0 +1,433 @@
+"""Schema migrations against a real Postgres: idempotent, safe to run at once, and
+producing the declared contract schema.
+
+The contract tables are read and written directly by outside tools (issue 2),
+so the columns below are declared here, by hand, from the issue: a migration
+that renames or retypes one of them, or drops the RFC's partial index, fails
+this file.  Later migrations may add tables and columns; an added column on a
+contract table must be nullable or have a default, so that an outside tool's
+INSERT naming only the contract columns keeps working.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from dispatcher import store
+from tests.conftest import TestDatabase as Database
+
+TIMESTAMPTZ = "timestamp with time zone"
+SERIAL = object()  # marker: the default is a nextval() of the column's own sequence
+
+
+@dataclass(frozen=True)
+class Column:
+    type: str
+    nullable: bool
+    default: Any = None  # None: no default; SERIAL; or pg_get_expr() text
+
+
+def required(type_: str, default: Any = None) -> Column:
+    return Column(type_, False, default)
+
+
+def optional(type_: str) -> Column:
+    return Column(type_, True)
+
+
+CONTRACT: dict[str, dict[str, Column]] = {
+    "workspaces": {
+        "id": required("text"),
+        "secret": required("text"),
+        "previous_secret": optional("text"),
+        "secret_rotated_at": optional(TIMESTAMPTZ),
+        "flags": required("jsonb", "'{}'::jsonb"),
+    },
+    "webhook_endpoints": {
+        "id": required("bigint", SERIAL),
+        "workspace_id": required("text"),
+        "url": required("text"),
+        "event_types": required("text[]", "'{}'::text[]"),
+        "active": required("boolean", "true"),
+        "created_at": required(TIMESTAMPTZ, "now()"),
+    },
+    "events": {
+        "id": required("text"),
+        "workspace_id": required("text"),
+        "type": required("text"),
+        "sequence": required("bigint"),
+        "occurred_at": required(TIMESTAMPTZ, "now()"),
+        "payload": required("jsonb"),
+    },
+    "webhook_deliveries": {
+        "id": required("bigint", SERIAL),
+        "workspace_id": required("text"),
+        "endpoint_id": required("bigint"),
+        "event_id": required("text"),
+        "payload_hash": required("text"),
+        "attempt": required("integer", "0"),
+        "status": required("text", "'pending'::text"),
+        "next_attempt_at": required(TIMESTAMPTZ, "now()"),
+        "last_error": optional("text"),
+        "created_at": required(TIMESTAMPTZ, "now()"),
+        # lease (claim ownership)
+        "locked_by": optional("text"),
+        "locked_until": optional(TIMESTAMPTZ),
+        "delivered_at": optional(TIMESTAMPTZ),
+        "last_status_code": optional("integer"),
+        "replay_of": optional("bigint"),
+        "mode": required("text", "'live'::text"),
+    },
+    "webhook_delivery_attempts": {
+        "id": required("bigint", SERIAL),
+        "delivery_id": required("bigint"),
+        "endpoint_id": required("bigint"),
+        "attempt": required("integer"),
+        "started_at": required(TIMESTAMPTZ),
+        "duration_ms": required("integer"),
+        "result": required("text"),
+        "status_code": optional("integer"),
+        "error": optional("text"),
+        "response_excerpt": optional("text"),
+    },
+    "endpoint_state": {
+        "endpoint_id": required("bigint"),
+        "state": required("text", "'closed'::text"),
+        "consecutive_failures": required("integer", "0"),
+        "open_until": optional(TIMESTAMPTZ),
+    },
+}
+
+PRIMARY_KEYS = {
+    "workspaces": ("id",),
+    "webhook_endpoints": ("id",),
+    "events": ("id",),
+    "webhook_deliveries": ("id",),
+    "webhook_delivery_attempts": ("id",),
+    "endpoint_state": ("endpoint_id",),
+}
+
+# (table, key columns, partial-index predicate, unique)
+INDEXES = {
+    # The RFC's due-row index.
+    ("webhook_deliveries", ("next_attempt_at",), "(status = 'pending'::text)", False),
+    # Sequences are never duplicated within a workspace.
+    ("events", ("workspace_id", "sequence"), None, True),
+}
+
+CHECKED_VALUES = {
+    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead"},
+    ("webhook_deliveries", "mode"): {"live", "shadow"},
+    ("endpoint_state", "state"): {"closed", "open", "half_open"},
+}
+
+FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",))}
+
+
+# ---------------------------------------------------------------- catalog helpers
+
+
+def catalog_columns(db: Database) -> dict[str, dict[str, Column]]:
+    rows = db.query(
+        """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull,
+               pg_get_expr(d.adbin, d.adrelid)
+          FROM pg_attribute a
+          JOIN pg_class c ON c.oid = a.attrelid
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+        """
+    )
+    tables: dict[str, dict[str, Column]] = {}
+    for table, column, type_, nullable, default in rows:
+        if default is not None and re.fullmatch(rf"nextval\('{table}_{column}_seq'::regclass\)", default):
+            default = SERIAL
+        tables.setdefault(table, {})[column] = Column(type_, nullable, default)
+    return tables
+
+
+def catalog_indexes(db: Database) -> set[tuple[str, tuple[str, ...], str | None, bool]]:
+    rows = db.query(
+        """
+        SELECT t.relname,
+               ARRAY(SELECT pg_get_indexdef(ix.indexrelid, k + 1, true)
+                       FROM generate_subscripts(ix.indkey, 1) AS k ORDER BY k),
+               pg_get_expr(ix.indpred, ix.indrelid), ix.indisunique
+          FROM pg_index ix
+          JOIN pg_class t ON t.oid = ix.indrelid
+          JOIN pg_namespace n ON n.oid = t.relnamespace
+         WHERE n.nspname = 'public'
+        """
+    )
+    return {(table, tuple(columns), predicate, unique) for table, columns, predicate, unique in rows}
+
+
+Constraint = tuple[str, tuple[str, ...], str, str | None, tuple[str, ...]]
+
+
+def catalog_constraints(db: Database, kind: str) -> list[Constraint]:
+    """(table, columns, definition, referenced table, referenced columns) of constraints of one kind."""
+    rows = db.query(
+        """
+        SELECT c.conrelid::regclass::text,
+               ARRAY(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(n, i)
+                       JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n ORDER BY k.i),
+               pg_get_constraintdef(c.oid),
+               CASE WHEN c.confrelid <> 0 THEN c.confrelid::regclass::text END,
+               ARRAY(SELECT a.attname FROM unnest(c.confkey) WITH ORDINALITY k(n, i)
+                       JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.n ORDER BY k.i)
+          FROM pg_constraint c
+          JOIN pg_namespace n ON n.oid = c.connamespace
+         WHERE n.nspname = 'public' AND c.contype = %s
+        """,
+        (kind,),
+    )
+    return [(table, tuple(cols), definition, ref, tuple(ref_cols)) for table, cols, definition, ref, ref_cols in rows]
+
+
+def applied(db: Database) -> list[tuple[int, str]]:
+    return [(v, n) for v, n in db.query("SELECT version, name FROM schema_migrations ORDER BY version")]
+
+
+def shipped() -> list[tuple[int, str]]:
+    return [(m.version, m.name) for m in store.migrations()]
+
+
+def migrate(db: Database) -> list[int]:
+    conn = db.connect()
+    try:
+        return store.migrate(conn)
+    finally:
+        conn.close()
+
+
+def pending(db: Database) -> list[int]:
+    conn = db.connect()
+    try:
+        return store.pending_migrations(conn)
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def fresh(empty_db: Database) -> Database:
+    """An empty database after one migrate from scratch."""
+    migrate(empty_db)
+    return empty_db
+
+
+# ---------------------------------------------------------------- the migration files
+
+
+class TestMigrationFiles:
+    def test_every_sql_file_is_a_numbered_migration(self) -> None:
+        # migrations() ignores names it does not recognise: a misnamed file would
+        # silently never be applied.
+        names = [entry.name for entry in resources.files("dispatcher.sql").joinpath("migrations").iterdir()
+                 if entry.name.endswith(".sql")]
+        assert names, "no migrations shipped"
+        assert all(re.fullmatch(r"\d{4}_\w+\.sql", name) for name in names), names
+        assert len(store.migrations()) == len(names)
+
+    def test_versions_are_unique_and_start_at_one(self) -> None:
+        versions = [m.version for m in store.migrations()]
+        assert versions == sorted(set(versions))
+        assert versions[0] == 1
+
+
+# ---------------------------------------------------------------- applying them
+
+
+class TestMigrate:
+    def test_from_scratch_then_twice_more(self, empty_db: Database) -> None:
+        versions = [v for v, _ in shipped()]
+        assert pending(empty_db) == versions
+        assert migrate(empty_db) == versions
+        first = empty_db.query("SELECT version, name, applied_at FROM schema_migrations ORDER BY version")
+        columns_before = catalog_columns(empty_db)
+
+        assert migrate(empty_db) == []
+        assert migrate(empty_db) == []
+
+        assert empty_db.query("SELECT version, name, applied_at FROM schema_migrations ORDER BY version") == first
+        assert applied(empty_db) == shipped()
+        assert catalog_columns(empty_db) == columns_before
+        assert pending(empty_db) == []
+
+    def test_the_test_template_is_fully_migrated(self, db: Database) -> None:
+        assert pending(db) == []
+        assert applied(db) == shipped()
+
+    @pytest.mark.parametrize("round_", range(3))
+    def test_concurrent_migrates_apply_each_migration_once(self, empty_db: Database, round_: int) -> None:
+        migrators = 4
+        barrier = threading.Barrier(migrators)
+        results: list[list[int]] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+
+        def run() -> None:
+            conn = empty_db.connect()
+            try:
+                barrier.wait(timeout=30)
+                done = store.migrate(conn)
+                with lock:
+                    results.append(done)
+            except BaseException as exc:  # reported below, with the others
+                with lock:
+                    errors.append(exc)
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=run) for _ in range(migrators)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors, errors
+        assert len(results) == migrators
+        counts = Counter(version for done in results for version in done)
+        assert counts == Counter(v for v, _ in shipped()), "a migration was applied twice or not at all"
+        assert applied(empty_db) == shipped()
+        assert pending(empty_db) == []
+
+    def test_a_failing_migration_leaves_nothing_behind(
+        self, empty_db: Database, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = store.migrations()
+        broken = store.Migration(real[-1].version + 1, "broken", "CREATE TABLE half_done (x int); SELECT 1/0;")
+        monkeypatch.setattr(store, "migrations", lambda: [*real, broken])
+        with pytest.raises(psycopg2.errors.DivisionByZero):
+            migrate(empty_db)
+        # One transaction: not even the earlier migrations were kept.
+        assert empty_db.query("SELECT to_regclass('half_done'), to_regclass('workspaces')") == [(None, None)]
+        monkeypatch.undo()
+        assert pending(empty_db) == [v for v, _ in shipped()]
+        assert migrate(empty_db) == [v for v, _ in shipped()]
+
+
+# ---------------------------------------------------------------- the declared schema
+
+
+class TestDeclaredSchema:
+    def test_contract_columns(self, fresh: Database) -> None:
+        actual = catalog_columns(fresh)
+        problems = []
+        for table, columns in CONTRACT.items():
+            if table not in actual:
+                problems.append(f"missing table {table}")
+                continue
+            for name, expected in columns.items():
+                got = actual[table].get(name)
+                if got != expected:
+                    problems.append(f"{table}.{name}: expected {expected}, got {got}")
+        assert not problems, "\n".join(problems)
+
+    def test_added_columns_can_be_left_out_of_an_insert(self, fresh: Database) -> None:
+        actual = catalog_columns(fresh)
+        blocking = [
+            f"{table}.{name}"
+            for table, declared in CONTRACT.items()
+            for name, column in actual[table].items()
+            if name not in declared and not column.nullable and column.default is None
+        ]
+        assert not blocking, f"NOT NULL columns without a default break outside tools' INSERTs: {blocking}"
+
+    def test_primary_keys(self, fresh: Database) -> None:
+        keys = {table: columns for table, columns, *_ in catalog_constraints(fresh, "p")}
+        for table, columns in PRIMARY_KEYS.items():
+            assert keys.get(table) == columns, table
+
+    def test_foreign_keys(self, fresh: Database) -> None:
+        found = {(table, cols, ref, ref_cols) for table, cols, _, ref, ref_cols in catalog_constraints(fresh, "f")}
+        assert FOREIGN_KEYS <= found
+
+    def test_indexes(self, fresh: Database) -> None:
+        found = catalog_indexes(fresh)
+        assert INDEXES <= found, f"missing: {INDEXES - found}"
+
+    def test_check_constraints_name_the_allowed_values(self, fresh: Database) -> None:
+        allowed: dict[tuple[str, str], set[str]] = {}
+        for table, cols, definition, _, _ in catalog_constraints(fresh, "c"):
+            if len(cols) == 1:
+                allowed[(table, cols[0])] = set(re.findall(r"'([^']*)'::text", definition))
+        for key, values in CHECKED_VALUES.items():
+            assert allowed.get(key) == values, key
+
+    def test_endpoint_limit_trigger(self, fresh: Database) -> None:
+        rows = fresh.query(
+            """
+            SELECT t.tgname, t.tgtype, t.tgenabled, pg_get_triggerdef(t.oid)
+              FROM pg_trigger t WHERE t.tgrelid = 'webhook_endpoints'::regclass AND NOT t.tgisinternal
+            """
+        )
+        assert len(rows) == 1
+        name, tgtype, enabled, definition = rows[0]
+        row, before, insert, update = 1, 2, 4, 16  # pg_trigger.tgtype bits
+        assert tgtype & (row | before | insert | update) == row | before | insert | update, definition
+        assert enabled == "O", "trigger disabled"
+        assert "UPDATE OF active" in definition
+
+    def test_sequence_uniqueness_is_enforced(self, fresh: Database) -> None:
+        fresh.query("INSERT INTO workspaces (id, secret) VALUES ('w', 's')")
+        fresh.query("INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('e1', 'w', 't', 1, '{}')")
+        with pytest.raises(psycopg2.errors.UniqueViolation):
+            fresh.query("INSERT INTO events (id, workspace_id, type, sequence, payload) "
+                        "VALUES ('e2', 'w', 't', 1, '{}')")
+
+
+class TestOutsideTools:
+    """What an outside tool sees: plain SQL naming only the contract columns."""
+
+    def test_minimal_inserts_take_the_documented_defaults(self, fresh: Database) -> None:
+        fresh.query("INSERT INTO workspaces (id, secret) VALUES ('w', 's')")
+        (endpoint_id,) = fresh.query(
+            "INSERT INTO webhook_endpoints (workspace_id, url) VALUES ('w', 'https://example.com/h') RETURNING id")[0]
+        fresh.query("INSERT INTO events (id, workspace_id, type, sequence, payload) "
+                    "VALUES ('e1', 'w', 'job.created', 1, '{\"a\": 1}')")
+        fresh.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                    "VALUES ('w', %s, 'e1', 'h')", (endpoint_id,))
+        assert fresh.query("SELECT flags FROM workspaces") == [({},)]
+        assert fresh.query("SELECT event_types, active, created_at IS NOT NULL FROM webhook_endpoints") == [
+            ([], True, True)]
+        assert fresh.query(
+            "SELECT status, attempt, mode, next_attempt_at <= now(), locked_by, locked_until, delivered_at, "
+            "replay_of FROM webhook_deliveries") == [("pending", 0, "live", True, None, None, None, None)]
+
+    @pytest.mark.parametrize(("column", "good", "bad"), [
+        ("status", ["pending", "delivered", "failed", "dead"], "sent"),
+        ("mode", ["live", "shadow"], "test"),
+    ])
+    def test_delivery_enums_are_checked(self, fresh: Database, column: str, good: list[str], bad: str) -> None:
+        insert = (f"INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, {column}) "
+                  "VALUES ('w', 1, 'e', 'h', %s)")
+        for value in good:
+            fresh.query(insert, (value,))
+        with pytest.raises(psycopg2.errors.CheckViolation):
+            fresh.query(insert, (bad,))
+
+    def test_endpoint_limit_holds_for_raw_sql(self, fresh: Database) -> None:
+        fresh.query("INSERT INTO workspaces (id, secret) VALUES ('w', 's')")
+        insert = "INSERT INTO webhook_endpoints (workspace_id, url, active) VALUES ('w', 'https://e.example/', %s)"
+        for _ in range(10):
+            fresh.query(insert, (True,))
+        fresh.query(insert, (False,))  # inactive endpoints do not count
+        with pytest.raises(psycopg2.errors.CheckViolation, match="10 active endpoints"):
+            fresh.query(insert, (True,))
+        with pytest.raises(psycopg2.errors.CheckViolation):
+            fresh.query("UPDATE webhook_endpoints SET active = true WHERE NOT active")
+        # Another workspace has its own ten.
+        fresh.query("INSERT INTO workspaces (id, secret) VALUES ('other', 's')")
+        fresh.query("INSERT INTO webhook_endpoints (workspace_id, url) VALUES ('other', 'https://e.example/')")
+        assert fresh.query("SELECT workspace_id, count(*) FROM webhook_endpoints WHERE active "
+                           "GROUP BY 1 ORDER BY 1") == [("other", 1), ("w", 10)]
