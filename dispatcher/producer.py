@@ -100,7 +100,7 @@ class WebhookSender:
         if result.mode == "live" or not result.legacy_urls:
             return stored
         body = event_body(event_id, event.type, event.workspace_id, result.sequence,
-                          format_timestamp(occurred_at), payload)
+                          format_timestamp(occurred_at), result.legacy_payload or payload)
         return StoredEvent(event_id, event.workspace_id, event.type, result.mode, result.sequence,
                            result.deliveries, body, result.legacy_urls, result.secrets)
 

@@ -29,6 +29,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from dispatcher import Event, WebhookSender, load_config, store
+from dispatcher.message import event_body
 from dispatcher.producer import ProducerError, StoredEvent
 from dispatcher.signing import as_standard_secret
 from tests.conftest import TestDatabase as Database
@@ -768,3 +769,17 @@ class TestShadowWrites:
         seq, occurred_db = db.query("SELECT sequence, occurred_at FROM events WHERE id = %s", (stored.id,))[0]
         assert body["sequence"] == seq == stored.sequence
         assert datetime.fromisoformat(body["occurred_at"].replace("Z", "+00:00")) == occurred_db == occurred
+
+    def test_legacy_body_is_byte_identical_to_the_dispatchers(
+        self, db: Database, shadow_sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
+        endpoints: dict[str, int],
+    ) -> None:
+        payload = {"z": 1, "a": [1.5, "ü", None], "nested": {"b": True, "a": "x"}}
+        with shadow_sender.transaction(conn) as tx:
+            stored = tx.send(Event("ws", "job.completed", payload))
+        (request,) = [r for r in receiver.received() if r.path == "/completed"]
+        # What the dispatcher would send for this event: built from the stored row.
+        (sequence, occurred_at, payload_text), = db.query(
+            "SELECT sequence, to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
+            "payload::text FROM events WHERE id = %s", (stored.id,))
+        assert request.body == event_body(stored.id, "job.completed", "ws", sequence, occurred_at, payload_text)

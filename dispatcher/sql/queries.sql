@@ -94,5 +94,8 @@ SELECT ws.mode,
        CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.secret_rotated_at > now() - interval '24 hours' END
            AS in_grace,
        CASE WHEN ws.mode IS DISTINCT FROM 'live'
-            THEN ARRAY(SELECT url FROM targets ORDER BY id) END AS legacy_urls
+            THEN ARRAY(SELECT url FROM targets ORDER BY id) END AS legacy_urls,
+       -- jsonb's own text form, so the synchronous body is byte-identical to
+       -- what the dispatcher sends for the same event (it reads payload::text).
+       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN %(payload)s::jsonb::text END AS legacy_payload
   FROM ws;

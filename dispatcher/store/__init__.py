@@ -193,6 +193,7 @@ class SendResult:
     deliveries: int
     secrets: tuple[str, ...]
     legacy_urls: tuple[str, ...]
+    legacy_payload: str | None
 
 
 def send_event(conn: Connection, params: Mapping[str, Any]) -> SendResult | None:
@@ -203,6 +204,6 @@ def send_event(conn: Connection, params: Mapping[str, Any]) -> SendResult | None
     rows = run_query(conn, "send_event", params)
     if not rows:
         return None
-    mode, sequence, deliveries, secret, previous, in_grace, urls = rows[0]
+    mode, sequence, deliveries, secret, previous, in_grace, urls, legacy_payload = rows[0]
     secrets = tuple(s for s in (secret, previous if in_grace else None) if s)
-    return SendResult(mode, sequence, int(deliveries), secrets, tuple(urls or ()))
+    return SendResult(mode, sequence, int(deliveries), secrets, tuple(urls or ()), legacy_payload)
