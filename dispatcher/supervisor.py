@@ -56,6 +56,7 @@ class WorkerProcess:
     heartbeat: Path
     started: float = field(default_factory=time.monotonic)
     retiring: bool = False
+    retired_at: float = 0.0
 
     def is_ready(self) -> bool:
         try:
@@ -169,6 +170,7 @@ class Supervisor:
     def _retire(self, workers: list[WorkerProcess]) -> None:
         for worker in workers:
             worker.retiring = True
+            worker.retired_at = time.monotonic()
             self._signal(worker, signal.SIGTERM)
 
     # -- spawning and reaping -----------------------------------------------
@@ -213,18 +215,31 @@ class Supervisor:
         log.warning("worker %s exited with %s after %.1fs; restarting in %.1fs", worker.owner, code, lived, delay)
 
     def _release(self, worker: WorkerProcess) -> None:
-        try:
-            released = self._leases.release_owner(worker.owner)
-        except store.DatabaseUnavailable as exc:
-            log.warning("could not release %s's claims now (their lease will lapse): %s", worker.owner, exc)
-            return
+        # The supervisor's session idles between crashes, for days maybe, so
+        # finding it dropped (server restart, idle timeout, failover) is normal:
+        # the first failure gets one retry on a fresh connection.
+        for last_try in (False, True):
+            try:
+                released = self._leases.release_owner(worker.owner)
+                break
+            except store.DatabaseUnavailable as exc:
+                if last_try:
+                    log.warning("could not release %s's claims now (their lease will lapse): %s", worker.owner, exc)
+                    return
         if released:
             log.info("released %d rows claimed by %s", released, worker.owner)
 
     def _kill_stuck(self) -> None:
         timeouts = self.config.workers
         for worker in self.workers:
-            if not worker.is_ready():
+            if worker.retiring:
+                # A draining worker stops heartbeating; like on TERM, it has the
+                # grace period to finish its in-flight sends before it is killed.
+                if time.monotonic() - worker.retired_at > timeouts.graceful_timeout + 5.0:
+                    log.error("worker %s did not finish draining within %.0fs; killing it", worker.owner,
+                              timeouts.graceful_timeout + 5.0)
+                    self._signal(worker, signal.SIGKILL)
+            elif not worker.is_ready():
                 if time.monotonic() - worker.started > timeouts.boot_timeout:
                     log.error("worker %s did not boot within %.0fs; killing it", worker.owner, timeouts.boot_timeout)
                     self._signal(worker, signal.SIGKILL)

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _state(dsn: str) -> tuple[str, int, float]:
-    rows = query(dsn, "SELECT state, consecutive_failures, extract(epoch FROM open_until - now())::float8 FROM endpoint_state")
+    rows = query(dsn, "SELECT state, consecutive_failures, extract(epoch FROM open_until - now())::float8 "
+                      "FROM endpoint_state")
     return rows[0] if rows else ("closed", 0, 0.0)  # type: ignore[return-value]
 
 
