@@ -91,7 +91,9 @@ class Supervisor:
     # -- signals: the handler only queues -----------------------------------
 
     def _queue_signal(self, signum: int, frame: object) -> None:
-        if len(self._signals) < 16:
+        # SIGCHLD only needs to wake the loop (it reaps every pass); queueing
+        # it could crowd a TERM out of the bounded queue during a burst.
+        if signum != signal.SIGCHLD and len(self._signals) < 16:
             self._signals.append(signum)
         try:
             os.write(self._wake_write, b".")
