@@ -158,7 +158,7 @@ class HttpConfig:
     allow_private_networks: bool = setting(False, _boolean, "allow loopback/private/link-local targets")
     allow_networks: tuple[Any, ...] = setting((), _networks, "CIDR networks allowed even when private")
     max_response_bytes: int = setting(65536, _positive_int, "response bytes read at most")
-    client: str = setting("urllib3", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
+    client: str = setting("geventhttpclient", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import traceback
 from dataclasses import dataclass
 
 from dispatcher.config import Config
@@ -27,6 +28,11 @@ log = logging.getLogger("dispatcher.delivery")
 
 _STATUS_OF = {Verdict.DELIVERED: "delivered", Verdict.RETRY: "pending", Verdict.DEAD: "dead",
               Verdict.FAILED: "failed"}
+
+
+def _secrets(row: ClaimedRow) -> tuple[str | None, str | None]:
+    """The row's workspace secrets: masked exactly in whatever we store or log of the receiver's answer."""
+    return row.secret, row.previous_secret
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +52,16 @@ def outbound_policy(config: Config) -> OutboundPolicy:
 
 
 def build_transport(config: Config) -> Transport:
+    # ``maxsize`` is the idle keep-alive connections kept per (host, address).
+    # Many endpoints can share one host, so capping it at the per-endpoint
+    # concurrency (4) made every request past the 4th in flight to such a host
+    # dial a new connection and close it after one use (docs/benchmarks.md: a
+    # fifth of a worker's CPU went to connect and close).  A pool only ever
+    # holds connections that were in use at the same time, so it stays bounded
+    # by that host's real concurrency, itself at most ``max_in_flight``.
     return make_transport(config.http.client, timeout=config.http.timeout,  # type: ignore[arg-type]
                           max_response_bytes=config.http.max_response_bytes, policy=outbound_policy(config),
-                          maxsize=config.workers.per_endpoint_concurrency)
+                          maxsize=max(config.workers.per_endpoint_concurrency, config.workers.max_in_flight))
 
 
 class DeliveryMaker:
@@ -79,14 +92,16 @@ class DeliveryMaker:
             result = self._send(row)
             if isinstance(result, TransportResult):
                 status_code = result.status
-                body_excerpt = excerpt(result.body) if result.status is not None else None
+                body_excerpt = excerpt(result.body, secrets=_secrets(row)) if result.status is not None else None
                 outcome = self._classify(row, result, claimed_at)
             else:
                 outcome = result
         except Exception as exc:  # a poison row must not take the worker down
-            log.exception("attempt raised for delivery %d; it ends dead", row.id)
+            # The traceback is scrubbed too: an exception message may quote the row's data.
+            log.error("attempt raised for delivery %d; it ends dead\n%s", row.id,
+                      scrub(traceback.format_exc(), _secrets(row)))
             outcome = Outcome(Verdict.DEAD, "failed", None, BreakerSignal.IGNORE,
-                              scrub(f"internal error: {type(exc).__name__}: {exc}")[:256])
+                              scrub(f"internal error: {type(exc).__name__}: {exc}", _secrets(row))[:256])
         finally:
             self._in_flight.pop(row.id, None)
         return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at)
@@ -121,7 +136,8 @@ class DeliveryMaker:
         record = AttemptRecord(
             id=row.id, claim_token=row.claim_token, endpoint_id=row.endpoint_id,
             status=_STATUS_OF[outcome.verdict], attempt=row.attempt, delay=outcome.delay or 0.0,
-            error=outcome.error, status_code=status_code, result=outcome.result,
+            error=scrub(outcome.error, _secrets(row)) if outcome.error else None,
+            status_code=status_code, result=outcome.result,
             started_mono=started, duration_ms=int((finished - started) * 1000), excerpt=body_excerpt)
         to_2xx = row.age + (finished - claimed_at) if outcome.verdict is Verdict.DELIVERED else None
         return Attempt(record, row.event_id, outcome.breaker, to_2xx)

@@ -2,33 +2,142 @@
 
 Attempt lines are key=value text, one per attempt, cheap to format.  A log
 file that cannot be opened falls back to stderr rather than stopping delivery.
+
+Cost per line matters: a worker writes one attempt line per delivery, thousands
+a second.  So (docs/benchmarks.md has the profile):
+
+* attempt lines (logger ``dispatcher.attempt``) are buffered and written in
+  batches of whole lines, at most ``FLUSH_INTERVAL`` late and at exit: one
+  ``write`` per batch instead of one per line (O_APPEND keeps the lines of the
+  supervisor and its workers, which share the file, from tearing).  Any other
+  line is written at once, together with the attempt lines before it, so
+  lifecycle and warning lines appear exactly when they did, in order;
+* the timestamp's date-time part is formatted once per second, not per line;
+* the caller's file/line lookup (``logging._srcfile``) is off: no format uses it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
+import time
 
 from dispatcher.config import LoggingConfig
 
+FLUSH_INTERVAL = 0.2      # seconds a buffered line may wait
+FLUSH_BYTES = 64 * 1024   # or this many bytes, whichever comes first
+BATCHED_LOGGERS = frozenset({"dispatcher.attempt"})
+
+
+class BufferedLineHandler(logging.Handler):
+    """Formats into a buffer of whole lines, written to ``fd`` in one call per flush."""
+
+    def __init__(self, fd: int, owns_fd: bool) -> None:
+        super().__init__()
+        self._fd = fd
+        self._owns_fd = owns_fd
+        self._lines: list[str] = []
+        self._size = 0
+        self._oldest = 0.0
+        self._closed = False
+        flusher = threading.Thread(target=self._flush_periodically, name="log-flush", daemon=True)
+        flusher.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record) + "\n"
+        except Exception:
+            self.handleError(record)
+            return
+        if not self._lines:
+            self._oldest = time.monotonic()
+        self._lines.append(line)
+        self._size += len(line)
+        if record.name not in BATCHED_LOGGERS or record.levelno >= logging.WARNING or self._size >= FLUSH_BYTES:
+            self._write()
+
+    def _write(self) -> None:
+        """Write what is buffered; the caller holds the handler lock."""
+        if not self._lines or self._closed:
+            return
+        data = "".join(self._lines).encode("utf-8", "replace")
+        self._lines.clear()
+        self._size = 0
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+        except OSError:
+            pass  # a full disk or a closed stderr must not stop delivery; the lines are dropped
+
+    def flush(self) -> None:
+        self.acquire()
+        try:
+            self._write()
+        finally:
+            self.release()
+
+    def _flush_periodically(self) -> None:
+        while not self._closed:
+            time.sleep(FLUSH_INTERVAL / 2)
+            if self._lines and time.monotonic() - self._oldest >= FLUSH_INTERVAL:
+                self.flush()
+
+    def close(self) -> None:
+        self.acquire()
+        try:
+            self._write()
+            self._closed = True
+            if self._owns_fd:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+        finally:
+            self.release()
+        super().close()
+
+
+class _Formatter(logging.Formatter):
+    """The stock ``%(asctime)s`` text, with the date-time part formatted once per second."""
+
+    _second = -1
+    _prefix = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:
+            self._prefix = time.strftime(self.default_time_format, self.converter(second))
+            self._second = second
+        return f"{self._prefix},{int(record.msecs):03d}"
+
+
+def _open_handler(path: str) -> logging.Handler:
+    if path == "-":
+        return BufferedLineHandler(sys.stderr.fileno(), owns_fd=False)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        print(f"dispatcher: cannot open log file {path}: {exc}; logging to stderr", file=sys.stderr)
+        return BufferedLineHandler(sys.stderr.fileno(), owns_fd=False)
+    return BufferedLineHandler(fd, owns_fd=True)
+
 
 def configure_logging(config: LoggingConfig, process_name: str = "dispatcher") -> None:
-    handler: logging.Handler
-    if config.file == "-":
-        handler = logging.StreamHandler(sys.stderr)
-    else:
-        try:
-            handler = logging.FileHandler(config.file, encoding="utf-8")
-        except OSError as exc:
-            handler = logging.StreamHandler(sys.stderr)
-            print(f"dispatcher: cannot open log file {config.file}: {exc}; logging to stderr", file=sys.stderr)
+    handler = _open_handler(config.file)
     # The process name is fixed per process, so it goes into the format once
     # instead of being looked up on every record.
     safe_name = process_name.replace("%", "%%")
-    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{safe_name}] %(name)s %(message)s"))
+    handler.setFormatter(_Formatter(f"%(asctime)s %(levelname)s [{safe_name}] %(name)s %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(config.level)
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    logging._srcfile = None  # no caller lookup per record: no format here uses file or line

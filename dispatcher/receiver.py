@@ -1364,7 +1364,8 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 class ReceiverProcess:
-    """``python -m dispatcher.receiver`` on 127.0.0.1 with an ephemeral port.
+    """``python -m dispatcher.receiver`` on 127.0.0.1 with an ephemeral port
+    (or ``port``, e.g. to bring back an endpoint that was down).
 
     Use as a context manager; it stops the receiver (and its children) on exit,
     and a finaliser kills it if the object is dropped or the interpreter exits.
@@ -1373,7 +1374,7 @@ class ReceiverProcess:
     def __init__(
         self, secrets: Sequence[str] = (), *, profiles: Mapping[str, Any] | str | Path | None = None,
         processes: int = 1, seed: int | None = None, max_endpoints: int | None = None,
-        startup_timeout: float = 20.0, control_timeout: float = 120.0,
+        startup_timeout: float = 20.0, control_timeout: float = 120.0, port: int = 0,
     ) -> None:
         self.secrets = [secrets] if isinstance(secrets, str) else list(secrets)
         self._profiles = profiles
@@ -1386,7 +1387,7 @@ class ReceiverProcess:
         self._finalizer: weakref.finalize[[subprocess.Popen[bytes]], ReceiverProcess] | None = None
         self._workdir: tempfile.TemporaryDirectory[str] | None = None
         self.host = "127.0.0.1"
-        self.port = 0
+        self.port = port
 
     # lifecycle -----------------------------------------------------------------
 
@@ -1420,7 +1421,7 @@ class ReceiverProcess:
 
     def _command(self, workdir: Path, ready: Path) -> list[str]:
         command = [
-            sys.executable, "-m", "dispatcher.receiver", "--listen", f"{self.host}:0",
+            sys.executable, "-m", "dispatcher.receiver", "--listen", f"{self.host}:{self.port}",
             "--ready-file", str(ready), "--processes", str(self._processes), "--watch-stdin",
         ]
         for secret in self.secrets:

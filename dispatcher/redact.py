@@ -2,38 +2,121 @@
 
 ``last_error`` and the stored 256-byte response excerpt come from customers'
 servers, which echo headers and query strings; credentials in them must not
-land in our database or logs.
+land in our database or logs.  Three layers:
+
+* the row's own workspace secrets, masked exactly wherever they appear (in
+  every form a receiver may hold them: ``whsec_<base64>``, the bare base64,
+  or a plain legacy secret and its ``whsec_`` form), however they are labelled;
+* ``Authorization``/``Bearer`` values and ``password=``/``token=``/``api_key=``
+  style pairs, as headers, query strings or JSON (a quoted value is masked up
+  to its closing quote, spaces included);
+* anything that looks like a key whatever its label: ``whsec_``/``sk_live_``
+  prefixes, JWTs, AWS access key ids, long hex or base64 runs, and long runs
+  that mix upper case, lower case and digits.
+
+The excerpt is scrubbed *before* it is cut to 256 bytes, so a credential that
+straddles the cut is recognised whole instead of leaving its first part in
+clear.  Text is also made storable: a NUL byte (which Postgres text refuses)
+or a lone surrogate becomes U+FFFD, so a receiver's binary answer can never
+make the result write fail.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Iterable
+
+from dispatcher.signing import SECRET_PREFIX, as_standard_secret
 
 MASK = "[REDACTED]"
+# Bytes read past the cut: more than the longest prefix any pattern below needs
+# to recognise a credential, so one that starts before the cut is masked.
+LOOKAHEAD = 256
+# A known secret shorter than this is not masked (it would mask common text).
+MIN_SECRET = 6
+
+_KEYS = (r"(?:password|passwd|pwd|passphrase|secret|token|access_token|refresh_token|api[_-]?key|apikey|"
+         r"client_secret|private_key|session|cookie|signature)")
+_SEPARATOR = r"[\"']?\s*(?:[:=]|%3[aAdD])\s*"
+
+# key=value and "key": "value" pairs whose key names a credential; a quoted
+# value is masked to its closing quote, an unquoted one to the next delimiter.
+_QUOTED = r"\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?"
+_PAIR = re.compile(r"(?i)(" + _KEYS + _SEPARATOR + r")(" + _QUOTED + r"|[^\s\"'&,;}]+)")
 
 _PATTERNS: tuple[re.Pattern[str], ...] = (
-    # Authorization: Bearer xxx / Basic xxx, as a header or echoed in JSON
-    re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)(?:bearer|basic|token)?\s*[^\s\"',;]+"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
-    # key=value and "key": "value" pairs whose key names a credential
-    re.compile(
-        r"(?i)((?:password|passwd|pwd|secret|token|access_token|refresh_token|api[_-]?key|apikey|"
-        r"client_secret|private_key|session|cookie|signature)[\"']?\s*[:=]\s*[\"']?)[^\s\"'&,;}]+"
-    ),
-    # things that look like keys whatever their label: whsec_, sk_live_, long hex/base64 runs
+    # Authorization: Bearer xxx / Basic xxx, as a header, a query pair or echoed in JSON
+    re.compile(r"(?i)(authorization[\"']?\s*(?:[:=]|%3[aAdD])\s*[\"']?)(?:bearer|basic|token)?\s*[^\s\"',;]+"),
+    re.compile(r"(?i)(bearer(?:\s+|%20))[A-Za-z0-9._~+/=%-]+"),
+    # things that look like keys whatever their label
     re.compile(r"()\b(?:whsec|sk|pk|rk)_(?:live_|test_)?[A-Za-z0-9+/=_-]{8,}"),
+    re.compile(r"()eyJ[A-Za-z0-9_-]{10,}(?:\.[A-Za-z0-9_-]*){0,2}"),             # JWT, even glued to a word
+    re.compile(r"()\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),                              # AWS access key id
     re.compile(r"()\b[A-Fa-f0-9]{32,}\b"),
     re.compile(r"()\b[A-Za-z0-9+/_-]{40,}={0,2}"),
+    # 24+ characters mixing upper case, lower case and digits: a random token, not a word
+    re.compile(r"()\b(?=[A-Za-z_-]*[0-9])(?=[A-Z0-9_-]*[a-z])(?=[a-z0-9_-]*[A-Z])[A-Za-z0-9_-]{24,}"),
 )
 
 
-def scrub(text: str) -> str:
-    """Mask credentials in ``text``; what remains is safe to store and log."""
+def _mask_pair(match: re.Match[str]) -> str:
+    value = match.group(2)
+    quote = value[0]
+    if quote in "\"'":
+        closed = len(value) > 1 and value.endswith(quote)
+        return match.group(1) + quote + MASK + (quote if closed else "")
+    return match.group(1) + MASK
+
+
+def secret_forms(secrets: Iterable[str | None]) -> tuple[str, ...]:
+    """Every spelling of these workspace secrets a receiver might echo, longest first."""
+    return _secret_forms(tuple(secrets))
+
+
+@functools.lru_cache(maxsize=1024)
+def _secret_forms(secrets: tuple[str | None, ...]) -> tuple[str, ...]:
+    forms: set[str] = set()
+    for secret in secrets:
+        if not secret:
+            continue
+        standard = as_standard_secret(secret)
+        forms.update((secret, standard, standard[len(SECRET_PREFIX):]))
+    return tuple(sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True))
+
+
+def _storable(text: str) -> str:
+    """Text Postgres can store: no NUL character, no lone surrogate."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", errors="replace").decode("utf-8")
+    return text
+
+
+def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """Mask credentials in ``text`` (and the given workspace secrets); what remains
+    is safe to store and log."""
+    text = _storable(text)
+    for form in secret_forms(secrets):
+        text = text.replace(form, MASK)
+    text = _PAIR.sub(_mask_pair, text)
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: m.group(1) + MASK, text)
     return text
 
 
-def excerpt(body: bytes, limit: int = 256) -> str:
-    """The first ``limit`` bytes of a response body, decoded leniently and scrubbed."""
-    return scrub(body[:limit].decode("utf-8", errors="replace"))
+def excerpt(body: bytes, limit: int = 256, secrets: Iterable[str | None] = ()) -> str:
+    """The first ``limit`` bytes of a response body, decoded leniently and scrubbed.
+
+    Scrubbed before the cut (see the module docstring); the cut is on bytes and
+    drops a split multi-byte character.
+    """
+    if not body:
+        return ""
+    text = scrub(body[: limit + LOOKAHEAD].decode("utf-8", errors="replace"), secrets)
+    cut = text.encode("utf-8")[:limit]
+    return cut.decode("utf-8", errors="ignore")

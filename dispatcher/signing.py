@@ -14,6 +14,7 @@ equivalent Standard Webhooks secret a customer configures is
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 from collections.abc import Iterable
@@ -42,9 +43,16 @@ def as_standard_secret(secret: str) -> str:
     return SECRET_PREFIX + base64.b64encode(secret.encode("utf-8")).decode("ascii")
 
 
+@functools.lru_cache(maxsize=4096)
+def _keyed(key: bytes) -> hmac.HMAC:
+    """An HMAC-SHA256 already keyed with ``key``, to copy: keying costs a third of a signature."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
 def sign(key: bytes, event_id: str, timestamp: int, body: bytes) -> str:
     """One ``v1,<base64>`` signature."""
-    mac = hmac.new(key, b"%s.%d." % (event_id.encode("utf-8"), timestamp), hashlib.sha256)
+    mac = _keyed(key).copy()
+    mac.update(b"%s.%d." % (event_id.encode("utf-8"), timestamp))
     mac.update(body)
     return "v1," + base64.b64encode(mac.digest()).decode("ascii")
 

@@ -32,12 +32,18 @@ from dispatcher.config import Config
 from dispatcher.delivery import Attempt, DeliveryMaker
 from dispatcher.metrics import Metrics
 from dispatcher.notifier import make_notifier
-from dispatcher.policy import BreakerPolicy, BreakerSignal, EndpointBreaker
+from dispatcher.policy import CLOSED, BreakerPolicy, BreakerSignal, EndpointBreaker
 from dispatcher.store import DatabaseUnavailable
 from dispatcher.store.engine import BreakerWrite, ClaimedRow, EngineStore, ManagedConnection
 
 log = logging.getLogger("dispatcher.worker")
 attempt_log = logging.getLogger("dispatcher.attempt")
+
+# The pause after a claim that found some due rows but fewer than it could
+# take: short enough that a row committed under steady load is picked up within
+# a few tens of ms, long enough that a trickle does not turn into a claim per row
+# (each claim costs the database a walk over the endpoints with pending rows).
+BUSY_POLL = 0.05
 
 
 @dataclass
@@ -133,7 +139,11 @@ class Worker:
             backoff.reset()
             self._accept(rows)
             if len(rows) < want:
-                self._stopping.wait(workers.poll_interval)
+                # Idle (nothing due): look again after poll_interval.  Busy (the
+                # claim found rows but fewer than it could take): rows keep
+                # arriving, so look again soon, or pick-up latency under steady
+                # load would be poll_interval / 2 on average, not a few ms.
+                self._stopping.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
 
     def _busy_endpoints(self) -> list[int]:
         limit = self.config.workers.per_endpoint_concurrency
@@ -221,8 +231,11 @@ class Worker:
                 signals.setdefault(attempt.record.endpoint_id, []).append(attempt)
         if not signals:
             return
+        decide = self._breaker_decider(signals)
         try:
-            writes = self._results.update_breakers(list(signals), self._breaker_decider(signals))
+            touched = self._results.touch_closed_breakers(self._success_writes(signals, decide))
+            rest = [endpoint_id for endpoint_id in signals if endpoint_id not in touched]
+            writes = self._results.update_breakers(rest, decide) if rest else []
         except DatabaseUnavailable as exc:
             log.warning("breaker update failed (counts from this batch are lost): %s", exc)
             return
@@ -230,6 +243,25 @@ class Worker:
             self._announce(write)
             if write.breaker.state == "open":
                 self._hand_back_lane(write.endpoint_id)
+
+    @staticmethod
+    def _success_writes(signals: dict[int, list[Attempt]],
+                        decide: Callable[[int, EndpointBreaker, float], BreakerWrite]) -> list[BreakerWrite]:
+        """The breaker writes of endpoints whose batch holds a success and leaves them closed.
+
+        A success closes the breaker whatever its state, so the policy's answer
+        for such a batch does not depend on the stored state, nor on the clock
+        while it stays closed: it is computed here, without reading the row, and
+        written only where the row is still ``closed`` (no transition, nothing
+        to announce).  Every other endpoint takes the lock / decide / write path.
+        """
+        writes = []
+        for endpoint_id, attempts in signals.items():
+            if any(a.breaker is BreakerSignal.SUCCESS for a in attempts):
+                write = decide(endpoint_id, CLOSED, 0.0)
+                if write.breaker.state == "closed":
+                    writes.append(write)
+        return writes
 
     def _hand_back_lane(self, endpoint_id: int) -> None:
         """The endpoint's breaker is open: rows queued here must not be sent now

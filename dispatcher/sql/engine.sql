@@ -12,6 +12,9 @@
 --     a batch, and every endpoint is visited in turn.
 --  3. stamp the lease: next_attempt_at moves to the lease end, so a crashed
 --     owner's rows come due again by themselves; claim_token fences results.
+-- It is planned on every execution (store/engine.py: force_custom_plan):
+-- a plan kept from when the table looked empty probed each endpoint through
+-- webhook_deliveries_pending_age, filtering every due row (docs/benchmarks.md).
 WITH RECURSIVE token AS (
     SELECT nextval('webhook_claim_tokens') AS value
 ), probe_ids AS (
@@ -74,33 +77,44 @@ WITH RECURSIVE token AS (
      WHERE w.id = c.id
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token
 )
+-- The event, endpoint and workspace of each claimed row are fetched by
+-- primary key, one lookup per row (a NULL when the row is gone, as a LEFT
+-- JOIN would give).  Written as joins, the planner would hash-join the whole
+-- events table whenever its statistics say it is small -- a fresh or newly
+-- analysed table, or a cached generic plan -- and every claim then paid a
+-- scan of the events table (seen in the isolation benchmark: 12 ms per claim
+-- at 30k events).  OFFSET 0 keeps the lookups from being inlined once per
+-- column that uses them.
 SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt, c.mode,
        extract(epoch FROM now() - c.created_at)::float8 AS age,
        extract(epoch FROM now())::float8 AS db_now,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
-       ev.type, ev.sequence,
-       to_char(ev.occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
-       ev.payload::text AS payload,
-       ep.url, ep.active, ws.secret,
-       CASE WHEN ws.secret_rotated_at > now() - interval '24 hours' THEN ws.previous_secret END
+       (c.ev).type, (c.ev).sequence,
+       to_char((c.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
+       (c.ev).payload::text AS payload,
+       (c.ep).url, (c.ep).active, (c.ws).secret,
+       CASE WHEN (c.ws).secret_rotated_at > now() - interval '24 hours' THEN (c.ws).previous_secret END
            AS previous_secret,
-       ws.id AS workspace_id
-  FROM claimed c
-  LEFT JOIN events ev ON ev.id = c.event_id
-  LEFT JOIN webhook_endpoints ep ON ep.id = c.endpoint_id
-  LEFT JOIN workspaces ws ON ws.id = c.workspace_id;
+       (c.ws).id AS workspace_id
+  FROM (SELECT claimed.*,
+               (SELECT ev FROM events ev WHERE ev.id = claimed.event_id) AS ev,
+               (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
+               (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws
+          FROM claimed
+        OFFSET 0) c;
 
 -- name: engine_record
 -- One statement per flush: every result of the batch, fenced by its claim
 -- token so a worker whose lease lapsed cannot overwrite the new owner's
 -- result, and the attempt history appended for exactly the rows it wrote.
+-- The batch travels as one JSON array of rows (store/engine.py builds it
+-- with the C json encoder): adapting twelve Python lists element by element
+-- into SQL array literals cost more worker CPU than the rest of the flush.
 WITH results AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(statuses)s::text[],
-                         %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[],
-                         %(status_codes)s::int[], %(results)s::text[], %(started_ago)s::float8[],
-                         %(durations_ms)s::int[], %(excerpts)s::text[], %(endpoint_ids)s::bigint[])
-        AS r(id, token, status, attempt, delay, error, status_code, result, started_ago,
-             duration_ms, excerpt, endpoint_id)
+    SELECT * FROM json_to_recordset(%(results)s::json)
+        AS r(id bigint, token bigint, status text, attempt int, delay float8, error text,
+             status_code int, result text, started_ago float8, duration_ms int, excerpt text,
+             endpoint_id bigint)
 ), updated AS (
     UPDATE webhook_deliveries w
        SET status = r.status,
@@ -153,6 +167,27 @@ UPDATE endpoint_state s
               %(succeeded)s::bool[], %(failed)s::bool[], %(errors)s::text[])
        AS v(endpoint_id, state, failures, open_until, succeeded, failed, error)
  WHERE s.endpoint_id = v.endpoint_id;
+
+-- name: engine_breaker_touch
+-- The common case of a flush, in one statement and one round trip: endpoints
+-- that had a success in the batch.  A success closes the breaker whatever it
+-- was, so the new state (computed by the pure policy from the batch alone)
+-- does not depend on the old one; when the old state was `closed` there is no
+-- transition to announce either, so no lock and no read are needed first.
+-- The guard `state = 'closed'` makes that so; the rows it does not match
+-- (missing, open, half_open) go through ensure / lock / write as before.
+-- The SET list is engine_breaker_write's for a closed -> closed change.
+UPDATE endpoint_state s
+   SET consecutive_failures = v.failures,
+       open_until = NULL,
+       last_success_at = now(),
+       last_failure_at = CASE WHEN v.failed THEN now() ELSE s.last_failure_at END,
+       last_error = CASE WHEN v.failed THEN v.error ELSE s.last_error END,
+       updated_at = now()
+  FROM unnest(%(endpoint_ids)s::bigint[], %(failures)s::int[], %(failed)s::bool[], %(errors)s::text[])
+       AS v(endpoint_id, failures, failed, error)
+ WHERE s.endpoint_id = v.endpoint_id AND s.state = 'closed'
+RETURNING s.endpoint_id;
 
 -- name: engine_release
 -- Hand unsent claimed rows back at once (graceful shutdown), fenced.

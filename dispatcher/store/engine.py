@@ -8,42 +8,153 @@ only decides how long to back off.
 
 from __future__ import annotations
 
+import functools
+import json
+import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
 
 from dispatcher.policy import EndpointBreaker
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
 
-_LOST = (psycopg2.OperationalError, psycopg2.InterfaceError)
+# InternalError too: a session that is read-only (a failover target not yet promoted, SQLSTATE
+# 25006) or stuck in a failed transaction is unusable as it is.  Dropping it and backing off
+# like a lost connection lets the worker resume once the server takes writes; letting the
+# error escape would end the claim loop while the process kept heartbeating.
+_LOST = (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.InternalError)
+
+
+def _storable(text: str | None) -> str | None:
+    """Text Postgres can store: a receiver's body may hold NUL bytes or, once
+    decoded, characters a text column refuses; either would fail the whole
+    batch write (and, before this, stop the flusher)."""
+    if text is None or (text.isascii() and "\x00" not in text):
+        return text
+    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+
+
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    prepare: str   # PREPARE <name> AS <query with $1, $2, ...>
+    execute: str   # EXECUTE <name> (%(first)s, %(second)s, ...)
+
+
+@functools.cache
+def _plan(name: str) -> _Plan:
+    """Query ``name`` as a server-side prepared statement: each distinct
+    ``%(param)s`` becomes ``$n`` in order of first appearance."""
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    body = _PARAMETER.sub(number, QUERIES[name]).replace("%%", "%")
+    arguments = ", ".join(f"%({param})s" for param in order)
+    return _Plan(f"PREPARE {name} AS {body}", f"EXECUTE {name} ({arguments})")
 
 
 class ManagedConnection:
-    """One connection, opened on demand and dropped when it breaks."""
+    """One autocommit connection, opened on demand and dropped when it breaks.
+
+    Round trips: psycopg2 opens each transaction with a BEGIN round trip of
+    its own and ends it with a COMMIT round trip.  Every engine call but the
+    breaker update is one statement, atomic by itself, so the connection runs
+    in autocommit and such a call (:meth:`statement`) costs one round trip
+    instead of three.  Calls that need several statements in one transaction
+    use :meth:`transaction`, which sends BEGIN with the first statement and
+    can send COMMIT with the last.
+
+    The hot statements (claim, record, breaker touch) run as server-side
+    prepared statements (:meth:`prepared`), so Postgres skips parsing and
+    rewriting them; they are prepared again on each new connection.  They are
+    still planned on every execution (``plan_cache_mode =
+    force_custom_plan``): a generic plan is made once, from the statistics of
+    that moment, and kept.  Made while the outbox looked empty (a fresh table
+    that autovacuum has not analysed yet) it probed every endpoint through
+    webhook_deliveries_pending_age, filtering all due rows on each probe: claims
+    of 0.6 s once one endpoint had 20k due rows (the isolation benchmark).
+    """
 
     def __init__(self, dsn: str, application_name: str, connect_timeout: float = 5.0) -> None:
         self._dsn = dsn
         self._application_name = application_name
         self._connect_timeout = connect_timeout
         self._conn: Connection | None = None
+        self._prepared: set[str] = set()
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed:
+            conn = connect(self._dsn, self._connect_timeout, self._application_name)
+            conn.autocommit = True
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SET plan_cache_mode = force_custom_plan")
+            except _LOST as exc:
+                conn.close()
+                self._lost(exc)
+            self._conn = conn
+            self._prepared = set()
+        return self._conn
+
+    def prepared(self, cur: Any, name: str) -> str:
+        """The EXECUTE text for query ``name``, PREPAREd on this connection at first use."""
+        plan = _plan(name)
+        if name not in self._prepared:
+            cur.execute(plan.prepare)
+            self._prepared.add(name)
+        return plan.execute
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        """A cursor inside one transaction; commit on success, drop on loss."""
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self._dsn, self._connect_timeout, self._application_name)
-        conn = self._conn
+    def statement(self) -> Iterator[Any]:
+        """A cursor for self-contained statements: each one is its own transaction."""
         try:
-            with conn, conn.cursor() as cur:
+            with self._connection().cursor() as cur:
                 yield cur
         except _LOST as exc:
-            self.close()
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DatabaseUnavailable(f"database connection lost: {first_line}") from None
+            self._lost(exc)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """An explicit transaction: committed on success, rolled back on any error."""
+        tx = Transaction(self._connection().cursor())
+        try:
+            yield tx
+            tx.finish()
+        except _LOST as exc:
+            self._lost(exc)
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            tx.close()
+
+    def _lost(self, exc: BaseException) -> None:
+        self.close()
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DatabaseUnavailable(f"database connection lost: {first_line}") from None
+
+    def _abort(self) -> None:
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        try:
+            if conn.info.transaction_status != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+                with conn.cursor() as cur:
+                    cur.execute("ROLLBACK")
+        except psycopg2.Error:
+            self.close()  # a connection in an unknown state is not reused
 
     def close(self) -> None:
         if self._conn is not None:
@@ -52,6 +163,37 @@ class ManagedConnection:
             except _LOST:
                 pass
         self._conn = None
+
+
+class Transaction:
+    """A cursor whose first statement carries BEGIN and whose last may carry COMMIT."""
+
+    def __init__(self, cur: Any) -> None:
+        self._cur = cur
+        self._begun = False
+        self._committed = False
+
+    def execute(self, sql: str, params: Any = None, commit: bool = False) -> None:
+        """Run ``sql``; with ``commit`` the transaction ends with it (no more statements)."""
+        if self._committed:
+            raise RuntimeError("the transaction is already committed")
+        text = sql if self._begun else "BEGIN;\n" + sql
+        if commit:
+            text = text.rstrip().rstrip(";") + ";\nCOMMIT"
+        self._cur.execute(text, params)
+        self._begun = True
+        self._committed = commit
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return list(self._cur.fetchall())
+
+    def finish(self) -> None:
+        if self._begun and not self._committed:
+            self._cur.execute("COMMIT")
+            self._committed = True
+
+    def close(self) -> None:
+        self._cur.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,86 +254,105 @@ class EngineStore:
               lease: float) -> list[ClaimedRow]:
         params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": list(busy),
                   "after": after, "lease": lease}
-        with self._conn.transaction() as cur:
-            cur.execute(QUERIES["engine_claim"], params)
+        with self._conn.statement() as cur:
+            cur.execute(self._conn.prepared(cur, "engine_claim"), params)
             return [ClaimedRow(*row) for row in cur.fetchall()]
 
     def record(self, records: Sequence[AttemptRecord]) -> set[int]:
         """Write a batch of results; returns the ids the fence let through."""
         now = time.monotonic()
-        columns: Mapping[str, list[Any]] = {
-            "ids": [r.id for r in records], "tokens": [r.claim_token for r in records],
-            "statuses": [r.status for r in records], "attempts": [r.attempt for r in records],
-            "delays": [r.delay for r in records], "errors": [r.error for r in records],
-            "status_codes": [r.status_code for r in records], "results": [r.result for r in records],
-            "started_ago": [now - r.started_mono for r in records], "durations_ms": [r.duration_ms for r in records],
-            "excerpts": [r.excerpt for r in records], "endpoint_ids": [r.endpoint_id for r in records],
-        }
-        with self._conn.transaction() as cur:
-            cur.execute(QUERIES["engine_record"], columns)
+        rows = [{"id": r.id, "token": r.claim_token, "status": r.status, "attempt": r.attempt, "delay": r.delay,
+                 "error": _storable(r.error), "status_code": r.status_code, "result": r.result,
+                 "started_ago": now - r.started_mono, "duration_ms": r.duration_ms,
+                 "excerpt": _storable(r.excerpt), "endpoint_id": r.endpoint_id} for r in records]
+        with self._conn.statement() as cur:
+            cur.execute(self._conn.prepared(cur, "engine_record"), {"results": json.dumps(rows, separators=(",", ":"))})
             return {row[0] for row in cur.fetchall()}
 
     def update_breakers(self, endpoint_ids: Sequence[int], decide: Any) -> list[BreakerWrite]:
         """Lock the endpoints' breaker rows, let ``decide(endpoint_id, breaker, db_now)`` compute
         each new state (a pure policy), and write them back in the same transaction."""
         ids = sorted(set(endpoint_ids))
-        with self._conn.transaction() as cur:
-            cur.execute(QUERIES["engine_breaker_ensure"], {"endpoint_ids": ids})
-            cur.execute(QUERIES["engine_breaker_lock"], {"endpoint_ids": ids})
+        with self._conn.transaction() as tx:
+            # ensure + lock travel together: one round trip with the BEGIN, and
+            # the write carries the COMMIT: two round trips per flush, not five.
+            tx.execute(QUERIES["engine_breaker_ensure"] + "\n" + QUERIES["engine_breaker_lock"],
+                       {"endpoint_ids": ids})
             writes: list[BreakerWrite] = []
-            for endpoint_id, state, failures, open_until, db_now in cur.fetchall():
+            for endpoint_id, state, failures, open_until, db_now in tx.fetchall():
                 write = decide(endpoint_id, EndpointBreaker(state, failures, open_until), db_now)
                 if write is not None:
                     writes.append(write)
             if writes:
-                cur.execute(QUERIES["engine_breaker_write"], {
+                tx.execute(QUERIES["engine_breaker_write"], {
                     "endpoint_ids": [w.endpoint_id for w in writes],
                     "states": [w.breaker.state for w in writes],
                     "failures": [w.breaker.consecutive_failures for w in writes],
                     "open_until": [w.breaker.open_until for w in writes],
                     "succeeded": [w.succeeded for w in writes], "failed": [w.failed for w in writes],
-                    "errors": [w.error for w in writes],
-                })
+                    "errors": [_storable(w.error) for w in writes],
+                }, commit=True)
         return writes
+
+    def touch_closed_breakers(self, writes: Sequence[BreakerWrite]) -> set[int]:
+        """Write closed -> closed breaker changes where the row is still closed, in one
+        statement (engine_breaker_touch); returns the endpoint ids it wrote."""
+        if not writes:
+            return set()
+        writes = sorted(writes, key=lambda w: w.endpoint_id)  # the order the rows are visited in
+        with self._conn.statement() as cur:
+            try:
+                cur.execute(self._conn.prepared(cur, "engine_breaker_touch"), {
+                    "endpoint_ids": [w.endpoint_id for w in writes],
+                    "failures": [w.breaker.consecutive_failures for w in writes],
+                    "failed": [w.failed for w in writes], "errors": [_storable(w.error) for w in writes],
+                })
+            except psycopg2.errors.DeadlockDetected:
+                # Two flushes touching the same endpoints in different orders
+                # (a plan that does not follow the id order): the statement was
+                # rolled back whole, and the locking path, which locks in id
+                # order, takes these endpoints instead.
+                return set()
+            return {row[0] for row in cur.fetchall()}
 
     def release(self, claims: Sequence[tuple[int, int]]) -> int:
         """Hand back claimed rows (id, token) that were never sent."""
         if not claims:
             return 0
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_release"], {"ids": [c[0] for c in claims], "tokens": [c[1] for c in claims]})
             return len(cur.fetchall())
 
     def release_owner(self, owner: str) -> int:
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_release_owner"], {"owner": owner})
             return len(cur.fetchall())
 
     def try_become_leader(self, region: str) -> bool:
         """Session-level advisory lock: held for as long as this connection lives."""
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_try_leader"], {"region": region})
             return bool(cur.fetchone()[0])
 
     def backlog(self, row_age: float, threshold: int) -> tuple[int, float | None, int]:
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_backlog"], {"row_age": row_age, "threshold": threshold})
             old_rows, oldest_age, open_breakers = cur.fetchone()
             return int(old_rows), oldest_age, int(open_breakers)
 
     def open_breakers(self) -> list[tuple[int, str]]:
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_open_breakers"])
             return [(int(r[0]), str(r[1])) for r in cur.fetchall()]
 
     def expired_candidates(self, min_ceiling: float, limit: int) -> list[tuple[int, str, float]]:
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_expired_candidates"], {"min_ceiling": min_ceiling, "limit": limit})
             return [(int(r[0]), str(r[1]), float(r[2])) for r in cur.fetchall()]
 
     def mark_expired(self, ids: Sequence[int]) -> int:
         if not ids:
             return 0
-        with self._conn.transaction() as cur:
+        with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_mark_expired"], {"ids": list(ids)})
             return len(cur.fetchall())
