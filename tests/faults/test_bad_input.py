@@ -1,0 +1,94 @@
+"""Bad data: endpoint URLs that cannot be sent to, and a row whose processing raises.
+
+URLs are inserted straight into ``webhook_endpoints``, as outside tools may
+(the CLI refuses them up front: ``tests/test_cli.py``).  The missing-event
+case is ``tests/test_engine.py::test_rows_that_can_never_be_sent_end_failed``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dispatcher.receiver import ReceiverProcess
+from tests.support import run_green
+from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
+from tests.support.faults import settle
+
+pytestmark = pytest.mark.timeout(60)
+
+UNSENDABLE = {  # URL -> last_error
+    "not-a-url": "invalid_url: URL has no scheme",
+    "ftp://files.example.com/hook": "invalid_url: unsupported scheme 'ftp': only http and https",
+    "http://": "invalid_url: URL has no host",
+    "http://exa mple.com/": "invalid_url: URL contains whitespace, control characters or a backslash",
+    "http://user:hunter2@example.com/hook": "invalid_url: credentials in the URL (user:password@) are not allowed",
+    "http://999.1.1.1/": "invalid_url: malformed IPv4 address",
+    "https://example.com:99999/": "invalid_url: invalid port",
+}
+NO_SUCH_HOST = "http://no-such-host.invalid/hook"
+
+
+def test_unsendable_urls_fail_and_unresolvable_hosts_retry_without_hurting_the_worker(
+        db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    urls = [*UNSENDABLE, NO_SUCH_HOST, receiver.url("ok", "fine")]
+    *_, unresolvable, fine = seed_workspace(db.dsn, "ws", urls)
+    config = write_config(db, retry={"base": "200ms", "jitter": 0}, breaker={"failure_threshold": 100})
+    produce(config, db.dsn, "ws", 2)
+    rows = "SELECT e.url, d.status, d.attempt, d.last_error FROM webhook_deliveries d " \
+           "JOIN webhook_endpoints e ON e.id = d.endpoint_id"
+
+    def dns_retried() -> bool:
+        return query(db.dsn, "SELECT min(attempt) FROM webhook_deliveries WHERE endpoint_id = %s",
+                     (unresolvable,))[0][0] >= 3
+
+    with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+        pids = sorted(settle(dispatcher, db.dsn, dispatcher.worker_pids, "a worker"))
+        settle(dispatcher, db.dsn, lambda: status_counts(db.dsn).get("failed") == 2 * len(UNSENDABLE)
+               and dns_retried(), "unsendable rows failed and the unresolvable host retried")
+        assert sorted(dispatcher.worker_pids()) == pids, "the worker was never replaced"
+        log = dispatcher.log()
+    for url, status, attempt, last_error in query(db.dsn, rows):
+        if url in UNSENDABLE:
+            assert (status, attempt, last_error) == ("failed", 1, UNSENDABLE[url]), url
+        elif url == NO_SUCH_HOST:
+            assert status == "pending" and attempt >= 3
+            assert last_error.startswith("dns: no-such-host.invalid does not resolve"), last_error
+        else:
+            assert status == "delivered"
+    results = dict(query(db.dsn, "SELECT endpoint_id, array_agg(DISTINCT result) FROM webhook_delivery_attempts "
+                                 "GROUP BY endpoint_id"))
+    assert results[unresolvable] == ["dns"] and results[fine] == ["delivered"]
+    assert {tuple(v) for k, v in results.items() if k not in (unresolvable, fine)} == {("invalid_url",)}
+    assert "hunter2" not in log and "Traceback" not in log and "exited with" not in log
+
+
+def test_a_poison_row_ends_dead_and_the_worker_delivers_the_rest(db, write_config) -> None:
+    """Processing raises for one row, inside a real worker loop (claim, lanes,
+    flusher) in a gevent-patched process: the row uses up its attempt and ends
+    ``dead``; its batch, and the next one, are delivered by the same worker."""
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        seed_workspace(db.dsn, "ws", [receiver.url("ok", f"e{n}") for n in range(3)])
+        config = write_config(db, workers={"poll_interval": "50ms"})
+        event_ids = produce(config, db.dsn, "ws", 10)  # 30 rows: the poison ones share claims with healthy ones
+        poison = event_ids[4]
+        out = run_green("tests.support.faults:run_poison_worker", {
+            "config": str(config), "dsn": db.dsn, "poison_event_id": poison, "secret": SECRET,
+            "expect_finished": 30, "more_events": 5, "workspace": "ws"}, timeout=60)
+        assert out["first_done"] and out["second_done"], out["log"][-3000:]
+        assert out["alive_after_poison"] and out["alive_at_end"], "the worker kept running"
+        assert out["raised"] == 3, "each poison row was processed exactly once"
+        unique = sum(ep["unique"] for ep in receiver.stats()["endpoints"].values())
+    poisoned = query(db.dsn, "SELECT d.status, d.attempt, d.last_error, a.result FROM webhook_deliveries d "
+                             "JOIN webhook_delivery_attempts a ON a.delivery_id = d.id WHERE d.event_id = %s",
+                     (poison,))
+    assert len(poisoned) == 3
+    for status, attempt, last_error, result in poisoned:
+        assert (status, attempt, result) == ("dead", 1, "failed")
+        assert last_error.startswith("internal error: KeyError: 'cannot process this row (signing key ")
+        assert SECRET not in last_error and "[REDACTED]" in last_error
+    assert status_counts(db.dsn) == {"dead": 3, "delivered": 42}
+    assert unique == 42
+    assert "attempt raised for delivery" in out["log"] and "Traceback" in out["log"]
+    assert SECRET not in out["log"] and SECRET.removeprefix("whsec_") not in out["log"]

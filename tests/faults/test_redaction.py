@@ -1,0 +1,200 @@
+"""Redaction: what receivers send back is scrubbed before it is stored, logged or served.
+
+Unit tests of ``dispatcher/redact.py`` first, then the engine end to end: a
+receiver that echoes credentials and the workspace secret in its answer, and
+a grep of the log, of every text column outside ``workspaces`` and of the
+API's responses for them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import falcon.testing
+import pytest
+
+from dispatcher import load_config
+from dispatcher.api.app import create_app
+from dispatcher.api.auth import READ, create_token
+from dispatcher.redact import MASK, excerpt, scrub
+from dispatcher.signing import as_standard_secret
+from tests.support import LoopbackServer, Request, responder, response
+from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
+from tests.support.faults import settle, text_dump
+
+pytestmark = pytest.mark.timeout(60)
+
+BARE = SECRET.removeprefix("whsec_")  # the key part alone, as a receiver's config file may hold it
+
+# --------------------------------------------------------------------------- the scrubber
+
+# (text, what must be gone, what must stay)
+MASKED = [
+    ("Authorization: Bearer abc.DEF-123_xyz", "abc.DEF-123_xyz", "Authorization: "),
+    ("authorization:Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA", "authorization:"),
+    ('{"Authorization": "Bearer tok_98765"}', "tok_98765", '{"Authorization": "'),
+    ("Proxy-Authorization: Basic Zm9vOmJhcg==", "Zm9vOmJhcg", "Proxy-"),
+    ("got bearer s3cr3tvalue in the request", "s3cr3tvalue", "in the request"),
+    ("GET /cb?bearer%20abc123 HTTP/1.1", "abc123", "GET /cb?"),
+    ("password=hunter2&user=bob", "hunter2", "&user=bob"),
+    ("passwd=hunter2 pwd=hunter3", "hunter", "passwd="),
+    ('{"password": "correct horse battery staple", "user": "bob"}', "horse", '"user": "bob"'),
+    ("{'password': 'p w', 'ok': 1}", "p w", "'ok': 1"),
+    ('{"password": "with \\"escaped\\" quotes", "n": 2}', "escaped", '"n": 2'),
+    ("?token=abc123&api_key=xyz789&page=2", "xyz789", "&page=2"),
+    ("/hook?access_token=AT-1&refresh_token=RT-2", "RT-2", "/hook?"),
+    ("redirect_uri=x&access_token%3DAT-3", "AT-3", "redirect_uri=x"),
+    ("X-Api-Key: k-123-456", "k-123-456", "X-Api-Key: "),
+    ("apiKey=zzz999 region=eu", "zzz999", "region=eu"),
+    ("client_secret: cs_555", "cs_555", "client_secret: "),
+    ("Set-Cookie: session=abcdef; Path=/", "abcdef", "Path=/"),
+    ('"secret": "shh"', "shh", '"secret": "'),
+    ("webhook-signature: v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=", "K5oZfzN95Z9UVu1", "webhook-"),
+    # looks like a key, whatever the label
+    (f"configured with {SECRET}", BARE, "configured with "),
+    ("stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc said no", "4eC39HqLyjWDarjtT1zdp7dc", "said no"),
+    ("jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U end",
+     "eyJzdWIiOiIxMjM0In0", " end"),
+    ("aws AKIAIOSFODNN7EXAMPLE denied", "AKIAIOSFODNN7EXAMPLE", " denied"),
+    ("hex 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 seen", "9f86d081884c7d65", " seen"),
+    ("b64 dGhpcyBpcyBhIHZlcnkgbG9uZyBzZWNyZXQgdmFsdWUgaW5kZWVk.", "dGhpcyBpcyBhIHZlcnkg", "b64 "),
+    ("random MfKQ9r8GKYqrTwjUPD8ILPZIo2La token", "MfKQ9r8GKYqrTwjUPD8ILPZIo2La", "random "),
+]
+
+
+@pytest.mark.parametrize(("text", "gone", "kept"), MASKED)
+def test_scrub_masks_credentials(text: str, gone: str, kept: str) -> None:
+    out = scrub(text)
+    assert gone not in out, out
+    assert kept in out and MASK in out, out
+
+
+@pytest.mark.parametrize("text", [
+    "Internal Server Error",
+    "HTTP 503: upstream timed out after 30s, try again later",
+    '{"error": "validation failed", "field": "user_name", "code": 422}',
+    "request id 7f3e9a2c-1b2d-4c5e-8f90-123456789abc failed",
+    "tokens: 5 remaining; sessions closed",
+])
+def test_scrub_leaves_ordinary_text_alone(text: str) -> None:
+    assert scrub(text) == text
+
+
+def test_the_rows_own_secrets_are_masked_in_every_form() -> None:
+    legacy = "plain-legacy-secret"  # today's workspaces: not whsec_, no key-like shape
+    standard = as_standard_secret(legacy)
+    text = (f"a={SECRET} b={BARE} c: {legacy} d {standard} e {standard.removeprefix('whsec_')} "
+            f"f {BARE.lower()}")
+    out = scrub(text, [SECRET, legacy, None])
+    for form in (SECRET, BARE, legacy, standard, standard.removeprefix("whsec_")):
+        assert form not in out, (form, out)
+    assert out.count(MASK) >= 5
+    assert scrub("short ab", ["ab"]) == "short ab", "a secret too short to mask is not sprayed over the text"
+
+
+CUT_SECRETS = [
+    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",   # hex
+    SECRET,                                                                # whsec_
+    "dGhpcyBpcyBhIHZlcnkgbG9uZyBzZWNyZXQgdmFsdWUgaW5kZWVkIHllcw==",      # base64
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",  # JWT
+]
+
+
+@pytest.mark.parametrize("secret", CUT_SECRETS, ids=["hex", "whsec", "base64", "jwt"])
+def test_a_secret_straddling_the_256_byte_cut_leaves_no_part_in_clear(secret: str) -> None:
+    for start in range(200, 257):
+        body = (("ab " * 100)[:start] + secret + " tail").encode()
+        out = excerpt(body)
+        assert len(out.encode()) <= 256
+        # no 6-character piece of the secret survives, wherever the cut falls
+        pieces = {secret[i:i + 6] for i in range(len(secret) - 5)}
+        leaked = [p for p in pieces if p in out and p not in "ab ab "]
+        assert not leaked, (start, out[-60:])
+
+
+def test_a_pair_straddling_the_cut_is_masked() -> None:
+    for start in range(230, 256):
+        body = (("ab " * 100)[:start] + 'password="correct horse battery staple"').encode()
+        out = excerpt(body)
+        assert not any(word in out for word in ("orse", "battery", "staple")), out[-40:]
+
+
+def test_excerpt_is_storable_and_bounded() -> None:
+    assert excerpt(b"") == ""
+    nul = excerpt(b"\x00" * 100_000)
+    assert "\x00" not in nul and len(nul.encode()) <= 256
+    broken = excerpt(b"ok \xff\xfe " + "é".encode() * 200)
+    assert "\x00" not in broken and len(broken.encode()) <= 256
+    broken.encode("utf-8")  # no lone surrogate, no split character
+    assert scrub("a\x00b\ud800c") == "a\ufffdb?c"
+
+
+# --------------------------------------------------------------------------- the engine end to end
+
+# Today's workspaces have plain secrets that look like nothing in particular:
+# only masking the row's own secret by value catches an echo of one.
+LEGACY = "correct-horse-battery-staple"
+ECHO = ("Authorization: Bearer abc123DEF456ghi789\n"
+        "password=hunter2-is-mine&user=bob\n"
+        '{"api_key": "key with spaces", "note": "sig check failed"}\n'
+        f"expected {LEGACY} or {SECRET}\n"
+        f"raw key {BARE}\n")
+LEAKS = ("abc123DEF456ghi789", "hunter2", "key with spaces", LEGACY, SECRET, BARE)
+
+
+def _echo(request: Request) -> bytes:
+    return response(500 if request.path.startswith("/fail") else 200, ECHO.encode())
+
+
+def test_echoed_credentials_and_the_workspace_secret_never_reach_the_database_log_or_api(
+        db, write_config, tmp_path: Path) -> None:
+    assert len(ECHO.encode()) < 256, "everything echoed falls inside the stored excerpt"
+    with LoopbackServer(responder(_echo)) as server:
+        failing, fine = seed_workspace(db.dsn, "ws", [server.url("/fail"), server.url("/ok")], secret=LEGACY)
+        # Mid-rotation: the row carries both secrets, and both are echoed.
+        query(db.dsn, "UPDATE workspaces SET previous_secret = %s, secret_rotated_at = now()", (SECRET,))
+        # A breaker that opens at once: its notification (logged) carries last_error.
+        config = write_config(db, retry={"base": "60s"}, breaker={"failure_threshold": 1})
+        event_ids = produce(config, db.dsn, "ws", 2)
+        with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+            settle(dispatcher, db.dsn, lambda: status_counts(db.dsn).get("delivered") == 2
+                   and query(db.dsn, "SELECT count(*) FROM webhook_delivery_attempts")[0][0] == 4, "4 attempts")
+            settle(dispatcher, db.dsn, lambda: "notify endpoint owner" in dispatcher.log(), "the breaker notice")
+        log = dispatcher.log()
+
+    attempts = query(db.dsn, "SELECT endpoint_id, result, status_code, error, response_excerpt "
+                             "FROM webhook_delivery_attempts ORDER BY id")
+    for endpoint_id, result, status_code, error, stored in attempts:
+        assert (result, status_code, error) == (("http_5xx", 500, "HTTP 500") if endpoint_id == failing
+                                                else ("delivered", 200, None))
+        assert MASK in stored and "user=bob" in stored and "sig check failed" in stored, stored
+        assert not [leak for leak in LEAKS if leak in stored], stored
+    assert {row[0] for row in attempts} == {failing, fine}
+
+    dump = text_dump(db.dsn)  # every text/json column of every table but workspaces
+    assert any(column == "response_excerpt" for _, column, _ in dump)
+    found = [(table, column) for table, column, value in dump for leak in LEAKS if leak in value]
+    assert not found, found
+    assert not [leak for leak in LEAKS if leak in log], "the dispatcher's log holds no secret"
+
+    app = create_app(load_config(config, env={}), db.dsn)
+    try:
+        client = falcon.testing.TestClient(app)
+        conn = db.connect()
+        try:
+            token = create_token(conn, "ws", [READ])
+        finally:
+            conn.close()
+        headers = {"Authorization": f"Bearer {token}"}
+        ids = [row[0] for row in query(db.dsn, "SELECT id FROM webhook_deliveries ORDER BY id")]
+        paths = ["/v2/webhooks/deliveries", f"/v2/webhooks/endpoints/{failing}", f"/v2/webhooks/endpoints/{fine}",
+                 *(f"/v2/webhooks/deliveries/{i}" for i in ids), *(f"/v2/events/{e}/deliveries" for e in event_ids)]
+        for path in paths:
+            result = client.simulate_get(path, headers=headers)
+            assert result.status_code == 200, (path, result.text)
+            assert not [leak for leak in LEAKS if leak in result.text], (path, result.text)
+        served = client.simulate_get(f"/v2/webhooks/deliveries/{ids[0]}", headers=headers).json
+        assert any(MASK in (a["response_excerpt"] or "") for a in served["attempts"]), json.dumps(served)
+    finally:
+        app.pool.close()

@@ -1,0 +1,278 @@
+"""Helpers for the fault tests (``tests/faults/``): a throwaway Postgres, the API
+server process, database dumps, and a worker run in a gevent-patched child.
+
+Everything here stays on loopback (or a Unix socket).  The pytest process never
+imports gevent: :func:`run_poison_worker` is a target for ``green.py`` and
+imports what it needs when it runs there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+
+from tests.support.engine import REPO, query
+
+# --------------------------------------------------------------------------- database helpers
+
+DISPATCHER_SESSIONS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND application_name LIKE 'dispatcher%%' AND pid <> pg_backend_pid()")
+
+
+def terminate_dispatcher_sessions(dsn: str) -> int:
+    """``pg_terminate_backend`` on every dispatcher session of this database; how many."""
+    rows = query(dsn, f"SELECT count(pg_terminate_backend(pid)) FROM ({DISPATCHER_SESSIONS}) s")
+    return int(rows[0][0])
+
+
+def text_dump(dsn: str, exclude: tuple[str, ...] = ("workspaces",)) -> list[tuple[str, str, str]]:
+    """Every text-like value (text, varchar, json, jsonb, arrays of them) of every
+    table in ``public`` except ``exclude``: (table, column, value)."""
+    columns = query(dsn, """
+        SELECT table_name, column_name FROM information_schema.columns
+         WHERE table_schema = 'public'
+           AND (data_type IN ('text', 'character varying', 'character', 'json', 'jsonb')
+                OR (data_type = 'ARRAY' AND udt_name IN ('_text', '_varchar')))
+         ORDER BY table_name, ordinal_position""")
+    out: list[tuple[str, str, str]] = []
+    for table, column in columns:
+        if table in exclude:
+            continue
+        for (value,) in query(dsn, f'SELECT "{column}"::text FROM "{table}" WHERE "{column}" IS NOT NULL'):
+            out.append((table, column, value))
+    return out
+
+
+# --------------------------------------------------------------------------- a throwaway Postgres
+
+
+class ThrowawayPostgres:
+    """A private pgserver instance in a temporary directory, which a test may stop
+    and start again (a real server restart) without touching the shared one."""
+
+    def __init__(self) -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="pgfault-"))
+        self.pgdata = self.directory / "data"
+        self._server: Any = None
+        self.dsn = ""
+
+    def __enter__(self) -> ThrowawayPostgres:
+        import pgserver  # type: ignore[import-untyped]
+
+        self._server = pgserver.get_server(self.pgdata, cleanup_mode=None)
+        self.dsn = str(self._server.get_uri())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._pg_ctl("-m", "immediate", "stop", check=False)
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    @property
+    def socket_dir(self) -> str:
+        match = re.search(r"host=([^&]+)", self.dsn)
+        assert match, self.dsn
+        return match.group(1)
+
+    def _pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        import pgserver  # type: ignore[import-untyped]
+
+        pg_ctl = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
+        return subprocess.run([str(pg_ctl), "-D", str(self.pgdata), "-w", *args], user=self._server.system_user,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=check)
+
+    def stop(self) -> None:
+        """A fast shutdown, as a restart by an operator or a failover does it: sessions are cut."""
+        self._pg_ctl("-m", "fast", "stop")
+
+    def start(self) -> None:
+        """Start again with the options pgserver used (no TCP, the same socket directory)."""
+        self._pg_ctl("-o", '-h ""', "-o", f"-k {self.socket_dir}", "-l", str(self.pgdata / "log"), "start")
+
+
+# --------------------------------------------------------------------------- the API server process
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def cli(config: Path, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dispatcher.cli", "-c", str(config), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=_clean_env(), check=False)
+
+
+def create_token(config: Path, workspace: str, scope: str = "webhooks:read,webhooks:write") -> str:
+    result = cli(config, "token", "create", "--workspace", workspace, "--scope", scope)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+class ApiServer:
+    """``python -m dispatcher.api.serve_main -c CONFIG`` (``api.listen`` port 0) as a subprocess."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.lines: list[str] = []
+        self.port = 0
+        self.process: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> ApiServer:
+        self.process = subprocess.Popen([sys.executable, "-m", "dispatcher.api.serve_main", "-c", str(self.config)],
+                                        cwd=REPO, env=_clean_env(), stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.process is not None and self.process.stderr is not None
+            for line in self.process.stderr:
+                self.lines.append(line)
+                match = re.search(r"API listening on http://[^:]+:(\d+)", line)
+                if match:
+                    self.port = int(match.group(1))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(30) or not self.port:
+            self.__exit__()
+            raise AssertionError("the API did not start:\n" + "".join(self.lines))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+    def request(self, method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
+        import json
+        import urllib.error
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+
+
+# --------------------------------------------------------------------------- a poison row in a real worker
+
+
+def run_poison_worker(config: str, dsn: str, poison_event_id: str, secret: str, expect_finished: int,
+                      more_events: int, workspace: str, timeout: float = 20.0) -> dict[str, Any]:
+    """``green.py`` target: run a real :class:`dispatcher.worker.Worker` (claim loop,
+    lanes, flusher) whose transport *raises* for one event, inside this patched process.
+
+    Once the first ``expect_finished`` rows have all left ``pending``, ``more_events``
+    further events are produced: the same worker must deliver them too.  The
+    exception message carries ``secret``, so the caller can check that neither
+    the log nor the row keeps it.
+    """
+    import io
+    import logging
+
+    import gevent
+
+    from dispatcher.config import load_config
+    from dispatcher.delivery import DeliveryMaker, build_transport
+    from dispatcher.producer import Event, WebhookSender
+    from dispatcher.worker import Worker
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    logging.getLogger().handlers[:] = [handler]
+    logging.getLogger().setLevel(logging.INFO)
+
+    cfg = load_config(config, env={})
+    inner = build_transport(cfg)
+    raised: list[str] = []
+
+    class PoisonTransport:
+        def post(self, url: str, headers: dict[str, str], body: bytes) -> Any:
+            if headers.get("webhook-id") == poison_event_id:
+                raised.append(poison_event_id)
+                raise KeyError(f"cannot process this row (signing key {secret})")
+            return inner.post(url, headers, body)
+
+        def close(self) -> None:
+            inner.close()
+
+    maker = DeliveryMaker(PoisonTransport(), cfg.retry.retry_policies(), cfg.dry_run)  # type: ignore[arg-type]
+    worker = Worker(cfg, dsn, "green:poison", maker=maker)
+    runner = gevent.spawn(worker.run)
+
+    def pending() -> int:
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FROM webhook_deliveries")
+                waiting, total = cur.fetchone()
+                return int(waiting) if total >= expect_finished else -1
+        finally:
+            conn.close()
+
+    def wait_for(condition: Any) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not runner.dead:
+            if condition():
+                return True
+            gevent.sleep(0.05)
+        return False
+
+    first_done = wait_for(lambda: pending() == 0)
+    alive_after_poison = not runner.dead
+    if first_done and more_events:
+        sender = WebhookSender(cfg)
+        conn = psycopg2.connect(dsn)
+        try:
+            with sender.transaction(conn) as tx:
+                for n in range(more_events):
+                    tx.send(Event(workspace, "job.created", {"after_poison": n}))
+        finally:
+            conn.close()
+    second_done = first_done and wait_for(lambda: pending() == 0)
+    alive_at_end = not runner.dead
+    worker.stop()
+    runner.join(timeout=10)
+    return {"first_done": first_done, "second_done": second_done, "alive_after_poison": alive_after_poison,
+            "alive_at_end": alive_at_end, "raised": len(raised), "log": stream.getvalue()}
+
+
+# --------------------------------------------------------------------------- waiting with a diagnosis
+
+
+def settle(dispatcher: Any, dsn: str, predicate: Any, message: str, timeout: float = 30.0) -> Any:
+    """``wait_until`` that, at its bound, fails with the rows' state and the log's tail."""
+    from tests.support.engine import status_counts, wait_until
+
+    try:
+        return wait_until(predicate, timeout=timeout, message=message)
+    except AssertionError as exc:
+        pending = query(dsn, "SELECT endpoint_id, attempt, locked_by, last_error FROM webhook_deliveries "
+                             "WHERE status = 'pending' ORDER BY id LIMIT 10")
+        raise AssertionError(f"{exc}\nstatus counts: {status_counts(dsn)}\npending (first 10): {pending}\n"
+                             f"log tail:\n{dispatcher.log()[-4000:]}") from None
