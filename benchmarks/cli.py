@@ -1,0 +1,122 @@
+"""``python -m benchmarks [--scenario NAME ...] [--json] [--tiny]``.
+
+Prints one JSON object per scenario (one line each with ``--json``, indented
+otherwise) and then a readable table of each figure against its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from benchmarks.harness import load_average, machine
+
+SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog")
+
+
+def _runner(name: str) -> Callable[..., dict[str, Any]]:
+    module = importlib.import_module(f"benchmarks.{name}")
+    return module.run  # type: ignore[no-any-return]
+
+
+def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
+                 context: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
+    context = context if context is not None else {}
+    kwargs: dict[str, Any] = {"tiny": tiny}
+    if name in ("throughput", "sustained", "isolation", "outage"):
+        kwargs["client"] = client
+        kwargs["processes"] = processes
+    if name == "throughput":
+        kwargs["ceiling"] = context.get("ceiling")
+    if name == "isolation":
+        kwargs["baseline"] = context.get("sustained_healthy_p99_ms")
+        kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
+    if name == "backlog":
+        kwargs["throughput_outbox"] = context.get("throughput_outbox")
+    started = time.monotonic()
+    load = load_average()
+    try:
+        result = _runner(name)(**kwargs)
+    except Exception as exc:  # one broken scenario must not hide the others' figures
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=6), "met": False}
+    result = {"scenario": name, **result, "wall_s": round(time.monotonic() - started, 1),
+              "load_average_at_start": load}
+    if name == "ceiling" and result.get("bare_loop", {}).get("deliveries_per_s"):
+        context["ceiling"] = result["bare_loop"]["deliveries_per_s"]
+    if name == "sustained" and result.get("healthy_commit_to_2xx"):
+        context["sustained_healthy_p99_ms"] = result["healthy_commit_to_2xx"].get("p99_ms")
+        context["sustained_first_attempt_p99_ms"] = result["healthy_commit_to_2xx_first_attempt"].get("p99_ms")
+    if name == "throughput" and "outbox_after" in result:
+        context["throughput_outbox"] = {"outbox_after": result["outbox_after"],
+                                        "outbox_timeline": result.get("outbox_timeline"),
+                                        "deliveries": result.get("deliveries"),
+                                        "seconds": result.get("seconds")}
+    return result
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table_rows(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(scenario, figure, measured, target) rows for the readable table."""
+    name = result["scenario"]
+    if "error" in result:
+        return [(name, "error", result["error"][:70], "")]
+    rows: list[tuple[str, str, str, str]] = []
+    for figure, measured, target in result.get("table", []):
+        rows.append((name, figure, _fmt(measured), target))
+    met = result.get("met")
+    rows.append((name, "target met", "-" if met is None else ("yes" if met else "NO"), ""))
+    return rows
+
+
+def print_table(results: Sequence[dict[str, Any]], out: Any = None) -> None:
+    out = out or sys.stdout
+    rows = [("scenario", "figure", "measured", "target")]
+    for result in results:
+        rows.extend(table_rows(result))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for index, row in enumerate(rows):
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip(), file=out)
+        if index == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS,
+                        help="run only this scenario (repeatable); default: all, in table order")
+    parser.add_argument("--json", action="store_true", help="one compact JSON object per line")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes (the smoke test); figures mean nothing")
+    parser.add_argument("--client", choices=("urllib3", "geventhttpclient"),
+                        help="http.client for the engine scenarios (default: the config default)")
+    parser.add_argument("--processes", type=int, default=2, help="dispatcher worker processes (default: 2)")
+    parser.add_argument("--machine", action="store_true", help="also print a JSON object describing the machine")
+    args = parser.parse_args(argv)
+    names = args.scenario or list(SCENARIOS)
+    if args.machine:
+        print(json.dumps({"machine": machine()}))
+    context: dict[str, Any] = {}
+    results = []
+    for name in names:
+        result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context)
+        results.append(result)
+        print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
+              flush=True)
+    print()
+    print_table(results)
+    return 0 if all(r.get("met") is not False for r in results) or args.tiny else 1

@@ -1,0 +1,623 @@
+"""What every scenario needs: a throw-away database, seeding, the real
+dispatcher as a subprocess, a statsd sink, CPU accounting and percentiles.
+
+Nothing here is gevent-patched: the harness is a plain process that drives
+subprocesses (dispatcher, receiver, bare-loop workers) and measures them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg2
+import psycopg2.extensions
+import yaml
+
+from dispatcher import store
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "whsec_" + "YmVuY2htYXJrLXNlY3JldC1mb3ItbG9jYWwtb25seQ=="
+DEFAULT_SERVER_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def server_dsn() -> str:
+    return os.environ.get("BENCH_PG_DSN", DEFAULT_SERVER_DSN)
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = psycopg2.extensions.parse_dsn(dsn)
+    params["dbname"] = dbname
+    return psycopg2.extensions.make_dsn(**params)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(p / 100.0 * len(ordered) + 0.5)) - 1))
+    return ordered[rank]
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, float | int | None]:
+    """p50/p90/p99/max in milliseconds of a list of durations in seconds."""
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000.0, 2)
+
+    return {"n": len(seconds), "p50_ms": ms(percentile(seconds, 50)), "p90_ms": ms(percentile(seconds, 90)),
+            "p99_ms": ms(percentile(seconds, 99)), "max_ms": ms(max(seconds) if seconds else None)}
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine() -> dict[str, Any]:
+    conn = psycopg2.connect(server_dsn())
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW server_version")
+            version = cur.fetchone()[0]
+            cur.execute("SELECT name, setting FROM pg_settings WHERE name IN ('shared_buffers', "
+                        "'synchronous_commit', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor', 'fsync')")
+            settings = dict(cur.fetchall())
+    finally:
+        conn.close()
+    memory = psutil.virtual_memory().total
+    return {"cpus": os.cpu_count(), "memory_gib": round(memory / 2**30, 1), "python": sys.version.split()[0],
+            "postgres": version, "postgres_settings": settings, "load_average": load_average()}
+
+
+# --------------------------------------------------------------------------- database
+
+
+class BenchDatabase:
+    """A fresh migrated database for one scenario, dropped on exit."""
+
+    def __init__(self, label: str) -> None:
+        self.name = f"bench_{label}_{os.getpid()}"
+        self.dsn = with_dbname(server_dsn(), self.name)
+
+    def __enter__(self) -> BenchDatabase:
+        self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self._admin(f'CREATE DATABASE "{self.name}"')
+        conn = self.connect()
+        try:
+            store.migrate(conn)
+        finally:
+            conn.close()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(psycopg2.Error):
+            self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    @staticmethod
+    def _admin(sql: str) -> None:
+        conn = psycopg2.connect(server_dsn())
+        conn.autocommit = True
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+    def connect(self, autocommit: bool = False) -> psycopg2.extensions.connection:
+        conn = psycopg2.connect(self.dsn, application_name="benchmark harness")
+        conn.autocommit = autocommit
+        return conn
+
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        conn = self.connect()
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    def scalar(self, sql: str, params: Any = None) -> Any:
+        return self.query(sql, params)[0][0]
+
+    def execute_autocommit(self, sql: str) -> None:
+        conn = self.connect(autocommit=True)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+
+def seed_endpoints(conn: psycopg2.extensions.connection, urls: Sequence[Sequence[str]],
+                   secret: str = SECRET) -> list[list[int]]:
+    """One workspace ``ws<i>`` per entry of ``urls`` (at most 10 URLs each); returns endpoint ids."""
+    ids: list[list[int]] = []
+    with conn, conn.cursor() as cur:
+        for index, workspace_urls in enumerate(urls):
+            workspace = f"ws{index}"
+            cur.execute("INSERT INTO workspaces (id, secret, flags) VALUES (%s, %s, '{\"webhook_outbox\": true}')",
+                        (workspace, secret))
+            row: list[int] = []
+            for url in workspace_urls:
+                cur.execute("INSERT INTO webhook_endpoints (workspace_id, url) VALUES (%s, %s) RETURNING id",
+                            (workspace, url))
+                row.append(cur.fetchone()[0])
+            ids.append(row)
+    return ids
+
+
+def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, first_event: int = 0,
+                   due_in: float = 0.0) -> int:
+    """Insert ``events`` events spread over ``ws0..ws<workspaces-1>`` and one pending delivery per
+    (event, active endpoint of its workspace), set-based; returns the deliveries inserted.
+
+    Runs on the caller's cursor so the caller decides when the rows become visible (commit).
+    """
+    cur.execute(
+        """
+        INSERT INTO events (id, workspace_id, type, sequence, payload)
+        SELECT 'evt-' || g, 'ws' || (g %% %(workspaces)s), 'job.created', g,
+               jsonb_build_object('job', 'j-' || g, 'n', g, 'pad', repeat('x', %(pad)s))
+          FROM generate_series(%(first)s, %(last)s) g
+        """,
+        {"workspaces": workspaces, "pad": max(0, payload_bytes - 40), "first": first_event,
+         "last": first_event + events - 1})
+    cur.execute(
+        """
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, next_attempt_at)
+        SELECT e.workspace_id, ep.id, e.id, md5(e.id), now() + make_interval(secs => %(due_in)s)
+          FROM events e JOIN webhook_endpoints ep ON ep.workspace_id = e.workspace_id AND ep.active
+         WHERE e.sequence BETWEEN %(first)s AND %(last)s
+         ORDER BY e.sequence, ep.id
+        """,
+        {"first": first_event, "last": first_event + events - 1, "due_in": due_in})
+    return int(cur.rowcount)
+
+
+def outbox_stats(db: BenchDatabase) -> dict[str, Any]:
+    """Tuple counters, autovacuum activity and sizes of the outbox and its indexes."""
+    conn = db.connect(autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_stat_force_next_flush()")
+            cur.execute(
+                """SELECT n_live_tup, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del,
+                          autovacuum_count, vacuum_count, autoanalyze_count,
+                          extract(epoch FROM now() - last_autovacuum)::float8
+                     FROM pg_stat_user_tables WHERE relname = 'webhook_deliveries'""")
+            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze, since_autovac) = cur.fetchone()
+            cur.execute(
+                """SELECT c.relname, pg_relation_size(c.oid)
+                     FROM pg_class c
+                    WHERE c.relname = 'webhook_deliveries'
+                       OR c.oid IN (SELECT indexrelid FROM pg_index
+                                     WHERE indrelid = 'webhook_deliveries'::regclass)
+                    ORDER BY c.relname""")
+            sizes = {name: int(size) for name, size in cur.fetchall()}
+            cur.execute("SELECT pg_total_relation_size('webhook_delivery_attempts')")
+            attempts_size = int(cur.fetchone()[0])
+    finally:
+        conn.close()
+    return {
+        "live_tuples": live, "dead_tuples": dead, "inserted": ins, "updated": upd, "hot_updated": hot,
+        "hot_ratio": round(hot / upd, 3) if upd else None, "deleted": dele,
+        "autovacuum_runs": autovac, "vacuum_runs": vac, "autoanalyze_runs": autoanalyze,
+        "seconds_since_autovacuum": None if since_autovac is None else round(since_autovac, 1),
+        "sizes_bytes": sizes, "attempts_table_bytes": attempts_size,
+    }
+
+
+def wal_lsn(db: BenchDatabase) -> int:
+    """The server's current WAL position in bytes (every database's writes: others' tests add noise)."""
+    return int(db.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+
+
+def bloat(db: BenchDatabase) -> dict[str, Any]:
+    """pgstattuple of the outbox heap and pgstatindex of its claim index (exact, not estimates)."""
+    conn = db.connect(autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            try:
+                cur.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+            except psycopg2.Error as exc:  # e.g. a server built without contrib
+                return {"unavailable": (str(exc).strip().splitlines() or ["pgstattuple missing"])[0]}
+            cur.execute("""SELECT table_len, tuple_count, dead_tuple_count, dead_tuple_percent, free_percent
+                             FROM pgstattuple('webhook_deliveries')""")
+            table_len, tuples, dead, dead_pct, free_pct = cur.fetchone()
+            cur.execute("""SELECT index_size, leaf_pages, deleted_pages, avg_leaf_density
+                             FROM pgstatindex('webhook_deliveries_due')""")
+            index_size, leaf_pages, deleted_pages, density = cur.fetchone()
+    finally:
+        conn.close()
+    return {"heap_bytes": int(table_len), "live_tuples": int(tuples), "dead_tuples": int(dead),
+            "dead_tuple_percent": float(dead_pct), "free_percent": float(free_pct),
+            "due_index_bytes": int(index_size), "due_index_leaf_pages": int(leaf_pages),
+            "due_index_deleted_pages": int(deleted_pages), "due_index_leaf_density_percent": float(density)}
+
+
+def timed_vacuum(db: BenchDatabase) -> dict[str, Any]:
+    """A plain VACUUM of the outbox, timed, and the bloat it leaves."""
+    started = time.monotonic()
+    db.execute_autocommit("VACUUM webhook_deliveries")
+    seconds = time.monotonic() - started
+    return {"vacuum_seconds": round(seconds, 3), "after_vacuum": bloat(db)}
+
+
+# --------------------------------------------------------------------------- statsd
+
+
+class StatsdSink:
+    """A local UDP statsd listener that counts what the dispatcher sends."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self.packets = 0
+        self.lines = 0
+        self.names: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="statsd-sink", daemon=True)
+
+    def __enter__(self) -> StatsdSink:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sock.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.packets += 1
+            for line in data.split(b"\n"):
+                if line:
+                    self.lines += 1
+                    name = line.split(b":", 1)[0].decode("ascii", "replace")
+                    kind = name.split(".webhook_", 1)[-1].split(".", 1)[0]
+                    self.names[kind] = self.names.get(kind, 0) + 1
+
+    def report(self) -> dict[str, Any]:
+        return {"packets": self.packets, "lines": self.lines, "by_metric": dict(sorted(self.names.items()))}
+
+
+# --------------------------------------------------------------------------- CPU accounting
+
+
+def process_tree(pid: int | None) -> list[psutil.Process]:
+    if pid is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _cpu(proc: psutil.Process) -> float | None:
+    try:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+@dataclass
+class _Group:
+    find: Callable[[], Iterable[psutil.Process]]
+    first: dict[int, float] = field(default_factory=dict)
+    last: dict[int, float] = field(default_factory=dict)
+
+
+class CpuMeter:
+    """CPU seconds used by groups of processes between ``start`` and ``stop``.
+
+    A sampling thread re-lists each group every ``interval`` seconds, so
+    processes that appear (new workers, new backends) are counted from their
+    birth, and those that exit keep what they used up to the last sample.
+    """
+
+    def __init__(self, groups: dict[str, Callable[[], Iterable[psutil.Process]]], interval: float = 0.5) -> None:
+        self._groups = {name: _Group(find) for name, find in groups.items()}
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started_at = 0.0
+        self.elapsed = 0.0
+
+    def start(self) -> CpuMeter:
+        self._started_at = time.time()
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="cpu-meter", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._sample()
+        self.elapsed = time.time() - self._started_at
+        return self.totals()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        for group in self._groups.values():
+            try:
+                procs = list(group.find())
+            except Exception:  # a listing failure (db hiccup) loses one sample only
+                continue
+            for proc in procs:
+                value = _cpu(proc)
+                if value is None:
+                    continue
+                if proc.pid not in group.first:
+                    try:
+                        born_after = proc.create_time() >= self._started_at
+                    except psutil.Error:
+                        born_after = False
+                    group.first[proc.pid] = 0.0 if born_after and self._thread is not None else value
+                group.last[proc.pid] = value
+
+    def totals(self) -> dict[str, float]:
+        return {name: round(sum(g.last[pid] - g.first[pid] for pid in g.last), 3)
+                for name, g in self._groups.items()}
+
+
+class PostgresProcesses:
+    """Postgres processes that work for one database, by role.
+
+    * ``dispatcher``: backends whose application_name starts with
+      "dispatcher" (workers' claim/record/upkeep connections, the supervisor);
+    * ``producer``: the benchmark's producer connections;
+    * ``harness``: the benchmark's own sampling and seeding connections;
+    * ``server``: the server's shared helpers (WAL writer, checkpointer,
+      bgwriter, autovacuum launcher) and autovacuum workers while they serve
+      this database.
+
+    :meth:`ours` is all four; ``everything`` lists every postgres process,
+    other databases' (other people's tests) included.
+    """
+
+    _SHARED = ("walwriter", "checkpointer", "background writer", "autovacuum launcher",
+               "logical replication launcher")
+
+    def __init__(self, database: str) -> None:
+        self._database = database
+        self._conn: psycopg2.extensions.connection | None = None
+        self._roles: dict[int, str] = {}
+        self._read_at = 0.0
+
+    def _refresh(self) -> None:
+        if time.monotonic() - self._read_at < 0.2:
+            return
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg2.connect(server_dsn(), application_name="benchmark cpu meter")
+            self._conn.autocommit = True
+        with self._conn.cursor() as cur:
+            cur.execute("SELECT pid, datname, backend_type, application_name FROM pg_stat_activity")
+            rows = cur.fetchall()
+        roles: dict[int, str] = {}
+        for pid, datname, kind, app in rows:
+            if datname == self._database:
+                if kind == "client backend":
+                    app = app or ""
+                    roles[pid] = ("dispatcher" if app.startswith("dispatcher") else
+                                  "producer" if app == "benchmark producer" else "harness")
+                else:
+                    roles[pid] = "server"  # autovacuum worker on this database
+            elif datname is None and kind in self._SHARED:
+                roles[pid] = "server"
+        self._roles = roles
+        self._read_at = time.monotonic()
+
+    def role(self, name: str) -> Callable[[], list[psutil.Process]]:
+        def find() -> list[psutil.Process]:
+            self._refresh()
+            out = []
+            for pid, role in self._roles.items():
+                if role == name:
+                    with contextlib.suppress(psutil.Error):
+                        out.append(psutil.Process(pid))
+            return out
+
+        return find
+
+    def ours(self) -> list[psutil.Process]:
+        self._refresh()
+        out = []
+        for pid in self._roles:
+            with contextlib.suppress(psutil.Error):
+                out.append(psutil.Process(pid))
+        return out
+
+    def groups(self, prefix: str = "postgres") -> dict[str, Callable[[], Iterable[psutil.Process]]]:
+        """CPU-meter groups: all of ours, each role, and every postgres process."""
+        found: dict[str, Callable[[], Iterable[psutil.Process]]] = {prefix: self.ours}
+        for role in ("dispatcher", "producer", "harness", "server"):
+            found[f"{prefix}_{role}"] = self.role(role)
+        found[f"{prefix}_all_databases"] = self.everything
+        return found
+
+    @staticmethod
+    def everything() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["name"]) if p.info.get("name") in ("postgres", "postmaster")]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+class MachineCpu:
+    """Busy CPU seconds of the whole machine over an interval (all processes, ours and others')."""
+
+    def __init__(self) -> None:
+        self._start = self._busy()
+        self._wall = time.monotonic()
+
+    @staticmethod
+    def _busy() -> float:
+        times = psutil.cpu_times()
+        return float(times.user + times.nice + times.system + getattr(times, "irq", 0.0)
+                     + getattr(times, "softirq", 0.0) + getattr(times, "steal", 0.0))
+
+    def stop(self, ours: float) -> dict[str, float]:
+        """``ours``: CPU seconds of the processes the scenario measured itself."""
+        busy = self._busy() - self._start
+        wall = time.monotonic() - self._wall
+        cores = os.cpu_count() or 1
+        return {"machine_busy_cpu_s": round(busy, 2), "machine_busy_fraction": round(busy / (wall * cores), 3),
+                "others_cpu_s": round(max(0.0, busy - ours), 2),
+                "others_cores": round(max(0.0, busy - ours) / wall, 2) if wall > 0 else 0.0}
+
+
+def cpu_split(totals: dict[str, float], deliveries: int) -> dict[str, Any]:
+    """CPU-ms per delivery for each group."""
+    per = {name: round(seconds * 1000.0 / deliveries, 3) if deliveries else None for name, seconds in totals.items()}
+    return {"cpu_s": totals, "cpu_ms_per_delivery": per}
+
+
+# --------------------------------------------------------------------------- the dispatcher
+
+
+def bench_config(dsn: str, log_file: Path, statsd_port: int, **sections: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's dispatcher config: every feature on, loopback allowed."""
+    raw: dict[str, Any] = {
+        "region": "bench",
+        "database": {"dsn": dsn},
+        "workers": {"processes": 2},
+        "http": {"require_https": False, "allow_private_networks": True},
+        "statsd": {"host": "127.0.0.1", "port": statsd_port, "prefix": "dispatcher.bench", "enabled": True},
+        "logging": {"level": "INFO", "file": str(log_file)},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return raw
+
+
+class DispatcherRun:
+    """``python -m dispatcher.cli -c CONFIG run`` (supervisor + workers), stopped with TERM."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        self.workdir = workdir
+        self.config = config
+        self.config_path = workdir / "dispatcher.yaml"
+        self.log_path = Path(config["logging"]["file"])
+        self.stdout_path = workdir / "dispatcher.stdout"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> DispatcherRun:
+        self.config_path.write_text(yaml.safe_dump(self.config), encoding="utf-8")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
+        # BENCH_ENGINE_REPO runs another checkout's engine (e.g. the commit
+        # before an optimisation) under the same harness, receiver and schema.
+        engine = Path(os.environ.get("BENCH_ENGINE_REPO", str(REPO)))
+        env["PYTHONPATH"] = str(engine)
+        with open(self.stdout_path, "ab") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "dispatcher.cli", "-c", str(self.config_path), "run"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=engine,
+                start_new_session=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def tree(self) -> list[psutil.Process]:
+        return process_tree(self.pid)
+
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.tree()[1:]]
+
+    def wait_ready(self, workers: int, timeout: float = 30.0) -> None:
+        """Until ``workers`` workers logged their start line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            if text.count("started (client=") >= workers:
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"dispatcher exited with {self.process.returncode}: {self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"dispatcher workers did not start within {timeout:.0f}s: {self.tail()}")
+            time.sleep(0.05)
+
+    def tail(self, chars: int = 3000) -> str:
+        parts = []
+        for path in (self.stdout_path, self.log_path):
+            if path.exists():
+                parts.append(path.read_text(errors="replace")[-chars:])
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        process, self.process = self.process, None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(5)
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = proc.info.get("cmdline") or []
+            if "dispatcher.worker_main" in cmdline and any(f":{process.pid}:" in part for part in cmdline):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+
+    def log_counts(self) -> dict[str, int]:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return {"lines": text.count("\n"), "attempt_lines": text.count(" attempt event_id="),
+                "warnings": text.count(" WARNING "), "errors": text.count(" ERROR "),
+                "bytes": len(text.encode("utf-8", "replace"))}
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.25, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextlib.contextmanager
+def workdir(label: str) -> Iterator[Path]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=f"bench-{label}-") as path:
+        yield Path(path)

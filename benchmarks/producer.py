@@ -1,0 +1,97 @@
+"""``producer`` (G2): what ``WebhookSender.send`` adds to the producing transaction.
+
+One workspace with 10 endpoints (fan-out 10), a 1 KiB payload, and a domain
+write standing in for the API's own (an UPDATE of a ``jobs`` row).  Each
+round runs two transactions on the same connection, in alternating order so
+that drift and noise hit both alike:
+
+* baseline: domain UPDATE, COMMIT;
+* with send: domain UPDATE, ``WebhookSender.send``, COMMIT.
+
+Both are timed from the first statement to COMMIT's return.  The added
+latency is reported as p50/p99 of "with send" minus the same percentile of
+the baseline, and the send call alone is reported too.  The dispatcher is
+not running (the producer's cost, not contention, is measured).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from benchmarks.harness import SECRET, BenchDatabase, load_average, percentile, seed_endpoints, summary_ms
+from dispatcher import Event, WebhookSender
+from dispatcher.config import config_from_mapping
+
+TARGET_ADDED_P99_MS = 1.0
+RFC_ADDED_P99_MS = 2.0
+
+
+def run(tiny: bool = False) -> dict[str, Any]:
+    rounds = 200 if tiny else 10_000
+    warmup = 20 if tiny else 500
+    with BenchDatabase("producer") as db:
+        seed_endpoints(db.connect(), [[f"http://127.0.0.1:9/ok/p{i}" for i in range(10)]], secret=SECRET)
+        conn = db.connect()
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, status text NOT NULL, "
+                        "updated_at timestamptz NOT NULL DEFAULT now())")
+            cur.execute("INSERT INTO jobs (id, status) SELECT g, 'new' FROM generate_series(1, 1000) g")
+        conn.commit()
+        sender = WebhookSender(config_from_mapping({"database": {"dsn": db.dsn}}, env={}))
+        pad = "x" * 960
+        rng = random.Random(5)
+        baseline: list[float] = []
+        with_send: list[float] = []
+        send_only: list[float] = []
+        load_before = load_average()
+        for n in range(warmup + rounds):
+            order = (False, True) if n % 2 == 0 else (True, False)
+            for sends in order:
+                job = rng.randint(1, 1000)
+                started = time.perf_counter()
+                with conn.cursor() as cur:
+                    cur.execute("UPDATE jobs SET status = %s, updated_at = now() WHERE id = %s", (f"s{n}", job))
+                if sends:
+                    before = time.perf_counter()
+                    stored = sender.send(conn, Event("ws0", "job.completed", {"job": f"j-{job}", "n": n, "pad": pad}))
+                    after_send = time.perf_counter()
+                conn.commit()
+                elapsed = time.perf_counter() - started
+                if n < warmup:
+                    continue
+                if sends:
+                    with_send.append(elapsed)
+                    send_only.append(after_send - before)
+                    assert stored.deliveries == 10, stored
+                else:
+                    baseline.append(elapsed)
+        conn.close()
+        rows = int(db.scalar("SELECT count(*) FROM webhook_deliveries"))
+        load_after = load_average()
+    p50_added = (percentile(with_send, 50) or 0) - (percentile(baseline, 50) or 0)
+    p99_added = (percentile(with_send, 99) or 0) - (percentile(baseline, 99) or 0)
+    result: dict[str, Any] = {
+        "transactions": rounds,
+        "fan_out": 10,
+        "baseline_txn": summary_ms(baseline),
+        "with_send_txn": summary_ms(with_send),
+        "send_call": summary_ms(send_only),
+        "added_p50_ms": round(p50_added * 1000, 3),
+        "added_p99_ms": round(p99_added * 1000, 3),
+        "outbox_rows": rows,
+        "lost": (warmup + rounds) * 10 - rows,
+        "target_added_p99_ms": TARGET_ADDED_P99_MS,
+        "rfc_added_p99_ms": RFC_ADDED_P99_MS,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+    }
+    result["met"] = p99_added * 1000 <= TARGET_ADDED_P99_MS and result["lost"] == 0
+    result["table"] = [
+        ("added p50 ms", result["added_p50_ms"], "report"),
+        ("added p99 ms", result["added_p99_ms"], f"<= {TARGET_ADDED_P99_MS:g} (RFC {RFC_ADDED_P99_MS:g})"),
+        ("send() alone p99 ms", result["send_call"]["p99_ms"], "report"),
+        ("commit-only txn p99 ms", result["baseline_txn"]["p99_ms"], "report"),
+    ]
+    return result

@@ -1,0 +1,60 @@
+"""Every benchmark scenario at a tiny size: it runs, it reports its figures,
+and nothing is lost.  No timing is asserted: figures at this size mean
+nothing, and CI machines are shared."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.cli import SCENARIOS, print_table, run_scenario
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+KEYS = {
+    "ceiling": {"transports", "receiver", "bare_loop"},
+    "throughput": {"deliveries_per_s", "cpu_ms_per_delivery", "ratio_to_ceiling", "outbox_after", "statsd", "log"},
+    "sustained": {"achieved_ratio", "backlog_age", "commit_to_first_attempt", "healthy_commit_to_2xx"},
+    "isolation": {"healthy_commit_to_2xx", "p99_ratio_to_sustained", "receiver"},
+    "producer": {"added_p50_ms", "added_p99_ms", "send_call", "baseline_txn"},
+    "outage": {"dead_after_s", "recovered_rows", "received_events"},
+    "backlog": {"sizes", "claim_cost_ratio_1m_to_10k", "after_drain"},
+}
+
+
+@pytest.fixture(scope="module")
+def results(pg_server_dsn: str, monkeypatch_module: pytest.MonkeyPatch) -> dict[str, dict]:
+    monkeypatch_module.setenv("BENCH_PG_DSN", pg_server_dsn)
+    context: dict = {}
+    return {name: run_scenario(name, tiny=True, context=context) for name in SCENARIOS}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():  # type: ignore[no-untyped-def]
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario_reports_its_figures_and_loses_nothing(results: dict[str, dict], name: str) -> None:
+    result = results[name]
+    assert "error" not in result, result.get("traceback")
+    assert KEYS[name] <= set(result), sorted(KEYS[name] - set(result))
+    assert result["scenario"] == name and "met" in result and result["table"]
+    assert result["lost"] == 0
+
+
+def test_engine_scenarios_used_every_feature(results: dict[str, dict]) -> None:
+    throughput = results["throughput"]
+    assert throughput["statuses"] == {"delivered": throughput["deliveries"]}
+    assert throughput["attempt_rows"] == throughput["deliveries"], "attempt history"
+    assert throughput["receiver"]["bad_signatures"] == 0 and throughput["receiver"]["ok"] == throughput["deliveries"]
+    assert throughput["statsd"]["lines"] > 0, "metrics reached the UDP sink"
+    assert throughput["log"]["attempt_lines"] == throughput["deliveries"], "one INFO line per attempt"
+    assert results["outage"]["recovered_rows"] == results["outage"]["events"]
+
+
+def test_the_table_prints(results: dict[str, dict], capsys: pytest.CaptureFixture[str]) -> None:
+    print_table(list(results.values()))
+    out = capsys.readouterr().out
+    for name in SCENARIOS:
+        assert name in out
