@@ -23,7 +23,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import gevent
 import gevent.event
@@ -33,7 +33,7 @@ from dispatcher.delivery import Attempt, DeliveryMaker
 from dispatcher.metrics import Metrics
 from dispatcher.notifier import make_notifier
 from dispatcher.policy import CLOSED, BreakerPolicy, BreakerSignal, EndpointBreaker
-from dispatcher.store import DatabaseUnavailable
+from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import BreakerWrite, ClaimedRow, EngineStore, ManagedConnection
 
 log = logging.getLogger("dispatcher.worker")
@@ -132,7 +132,7 @@ class Worker:
             try:
                 rows = self._claims.claim(self.owner, want, workers.per_endpoint_concurrency,
                                           self._busy_endpoints(), self._cursor, workers.lease)
-            except DatabaseUnavailable as exc:
+            except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 backoff.wait(self._stopping)
                 continue
@@ -216,12 +216,34 @@ class Worker:
         except DatabaseUnavailable as exc:
             log.warning("result write failed, will retry %d results: %s", len(batch), exc)
             return False
+        except QueryRejected as exc:
+            # One bad result must not block the others, nor stop this loop:
+            # halve the batch until the refused result stands alone.
+            log.error("the database refused a batch of %d results (%s); writing it in parts", len(batch), exc)
+            if len(batch) == 1:
+                return self._write_bare(batch[0])
+            half = len(batch) // 2
+            return self._write(batch[:half]) and self._write(batch[half:])
         stale = len(batch) - len(written)
         if stale:
             log.warning("%d stale results rejected by the claim-token fence (lease lapsed)", stale)
         kept = [a for a in batch if a.record.id in written]
         self._metrics.attempts((a.record.result, a.record.duration_ms / 1000.0, a.commit_to_2xx) for a in kept)
         self._update_breakers(kept)
+        return True
+
+    def _write_bare(self, attempt: Attempt) -> bool:
+        """A result the database refuses: store it without its free text, or
+        give up on it -- its lease then lapses and the row is sent again."""
+        bare = replace(attempt, record=replace(attempt.record, error="the attempt's error text could not be stored",
+                                               excerpt=None))
+        try:
+            self._results.record([bare.record])
+        except DatabaseUnavailable:
+            return False
+        except QueryRejected as exc:
+            log.error("result of delivery %d cannot be stored (%s); it will be sent again after its lease",
+                      attempt.record.id, exc)
         return True
 
     def _update_breakers(self, attempts: list[Attempt]) -> None:
@@ -236,7 +258,7 @@ class Worker:
             touched = self._results.touch_closed_breakers(self._success_writes(signals, decide))
             rest = [endpoint_id for endpoint_id in signals if endpoint_id not in touched]
             writes = self._results.update_breakers(rest, decide) if rest else []
-        except DatabaseUnavailable as exc:
+        except StoreError as exc:
             log.warning("breaker update failed (counts from this batch are lost): %s", exc)
             return
         for write in writes:
@@ -318,7 +340,7 @@ class Worker:
         try:
             released = self._claims.release(claims)
             log.info("handed back %d unsent claimed rows", released)
-        except DatabaseUnavailable as exc:
+        except StoreError as exc:
             log.warning("could not hand back %d rows, their lease will lapse: %s", len(claims), exc)
 
     # -- upkeep and heartbeat ----------------------------------------------
@@ -333,6 +355,8 @@ class Worker:
             except DatabaseUnavailable as exc:
                 upkeep.lost_connection()
                 log.warning("upkeep skipped: %s", exc)
+            except QueryRejected as exc:
+                log.error("upkeep step refused by the database, retried next round: %s", exc)
 
     def _heartbeat_loop(self) -> None:
         assert self._heartbeat_path is not None

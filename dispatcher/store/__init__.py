@@ -33,6 +33,10 @@ class DatabaseUnavailable(StoreError):
     """The database could not be reached (or the connection was lost)."""
 
 
+class QueryRejected(StoreError):
+    """The database refused a statement (bad data, constraint, ...) but the connection is fine."""
+
+
 class SchemaOutdated(StoreError):
     """The database lacks migrations this code needs."""
 

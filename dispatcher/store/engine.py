@@ -22,7 +22,7 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from dispatcher.policy import EndpointBreaker
-from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
+from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, QueryRejected, connect
 
 # InternalError too: a session that is read-only (a failover target not yet promoted, SQLSTATE
 # 25006) or stuck in a failed transaction is unusable as it is.  Dropping it and backing off
@@ -124,6 +124,8 @@ class ManagedConnection:
                 yield cur
         except _LOST as exc:
             self._lost(exc)
+        except psycopg2.Error as exc:
+            _rejected(exc)
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -134,6 +136,9 @@ class ManagedConnection:
             tx.finish()
         except _LOST as exc:
             self._lost(exc)
+        except psycopg2.Error as exc:
+            self._abort()
+            _rejected(exc)
         except BaseException:
             self._abort()
             raise
@@ -163,6 +168,13 @@ class ManagedConnection:
             except _LOST:
                 pass
         self._conn = None
+
+
+def _rejected(exc: psycopg2.Error) -> None:
+    # The connection survives (autocommit, or rolled back above); callers must
+    # still be told, and must never lose a loop to an unexpected error class.
+    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    raise QueryRejected(f"database refused the statement ({exc.pgcode or type(exc).__name__}): {first_line}") from None
 
 
 class Transaction:
