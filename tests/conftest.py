@@ -12,6 +12,7 @@ import itertools
 import os
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import psycopg2.extensions
 import pytest
 
 from dispatcher import store
+from tests.support.engine import query
 
 REPO = Path(__file__).resolve().parent.parent
 _counter = itertools.count()
@@ -78,39 +80,36 @@ class TestDatabase:
         return psycopg2.connect(self.dsn)
 
     def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        conn = self.connect()
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return query(self.dsn, sql, params)
+
+
+@contextmanager
+def _scratch_database(server_dsn: str, prefix: str, template: str | None = None) -> Iterator[TestDatabase]:
+    name = f"{prefix}_{os.getpid()}_{next(_counter)}"
+    clone = f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else ""
+    admin = _admin(server_dsn)
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"{clone}')
+    try:
+        yield TestDatabase(_with_dbname(server_dsn, name), name)
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
 
 
 @pytest.fixture
 def db(pg_server_dsn: str, template_db: str) -> Iterator[TestDatabase]:
     """A fresh, migrated database for this test only."""
-    name = f"dispatcher_t_{os.getpid()}_{next(_counter)}"
-    admin = _admin(pg_server_dsn)
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}" STRATEGY FILE_COPY')
-    yield TestDatabase(_with_dbname(pg_server_dsn, name), name)
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+    with _scratch_database(pg_server_dsn, "dispatcher_t", template_db) as database:
+        yield database
 
 
 @pytest.fixture
 def empty_db(pg_server_dsn: str) -> Iterator[TestDatabase]:
     """A fresh database with no schema at all (for migration tests)."""
-    name = f"dispatcher_e_{os.getpid()}_{next(_counter)}"
-    admin = _admin(pg_server_dsn)
-    with admin.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    yield TestDatabase(_with_dbname(pg_server_dsn, name), name)
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.close()
+    with _scratch_database(pg_server_dsn, "dispatcher_e") as database:
+        yield database
 
 
 @pytest.fixture
