@@ -20,11 +20,19 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 import pytest
+from hypothesis import settings
 
 from dispatcher import store
 from tests.support.engine import query
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Tests never assert on timing, so hypothesis' per-example deadline (a timing
+# check) is off; CI replays the same examples every run, so a failure there is
+# reproducible rather than a roll of the dice.
+settings.register_profile("dispatcher", deadline=None)
+settings.register_profile("dispatcher-ci", deadline=None, derandomize=True)
+settings.load_profile("dispatcher-ci" if os.environ.get("CI") else "dispatcher")
 _counter = itertools.count()
 
 
