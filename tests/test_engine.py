@@ -216,3 +216,17 @@ def test_standard_webhooks_rotation_sends_both_signatures(db, write_config, tmp_
     assert len(lowered["webhook-signature"].split()) == 2
     for secret in (SECRET, new_secret):
         assert json.loads(Webhook(secret).verify(body, lowered) and body)["id"] == lowered["webhook-id"]
+
+
+def test_backlog_alert_fires_from_one_process(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    seed_workspace(db.dsn, "ws", [receiver.url("hang", "stuck")])
+    config = write_config(db, alerts={"backlog_rows": 5, "backlog_row_age": "100ms", "oldest_pending_age": "1h",
+                                      "check_interval": "200ms"},
+                          workers={"processes": 2, "per_endpoint_concurrency": 1, "poll_interval": "50ms"})
+    produce(config, db.dsn, "ws", 30)
+    with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+        wait_until(lambda: "backlog alert:" in dispatcher.log(), message="the backlog alert")
+    log = dispatcher.log()
+    assert "over 5 pending rows due for more than" in log
+    alerting = {line.split("[", 1)[1].split("]", 1)[0] for line in log.splitlines() if "backlog alert:" in line}
+    assert len(alerting) == 1, f"exactly one process per region evaluates the alert: {alerting}"
