@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -226,6 +227,7 @@ def test_backlog_alert_fires_from_one_process(db, write_config, tmp_path: Path, 
     produce(config, db.dsn, "ws", 30)
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         wait_until(lambda: "backlog alert:" in dispatcher.log(), message="the backlog alert")
+        time.sleep(1.0)  # several check intervals: a second evaluator would have spoken by now
     log = dispatcher.log()
     assert "over 5 pending rows due for more than" in log
     alerting = {line.split("[", 1)[1].split("]", 1)[0] for line in log.splitlines() if "backlog alert:" in line}
