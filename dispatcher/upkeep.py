@@ -10,6 +10,7 @@ would ever end them).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from dispatcher.config import Config
 from dispatcher.metrics import Metrics
@@ -18,6 +19,11 @@ from dispatcher.store.engine import EngineStore
 log = logging.getLogger("dispatcher.upkeep")
 
 SWEEP_BATCH = 1000
+# Batches per upkeep round and table: with the default 5,000-row batch and a
+# 10 s round that is up to 50,000 rows/s of pruning capacity, far above the
+# 25 M/day (about 290/s) the outbox grows by, so a backlog of expired rows
+# (after an outage of the upkeep leader, say) is worked off within minutes.
+PRUNE_ROUNDS = 100
 
 
 class Upkeep:
@@ -38,6 +44,7 @@ class Upkeep:
         self._check_backlog()
         self._publish_breakers()
         self._sweep_expired()
+        self._prune()
 
     def lost_connection(self) -> None:
         """The advisory lock went with the connection; campaign again."""
@@ -68,3 +75,26 @@ class Upkeep:
         if expired:
             count = self._store.mark_expired(expired)
             log.info("swept %d rows to dead: their retry window ended while the breaker was open", count)
+
+    def _prune(self) -> None:
+        """Q2: dead and failed rows are kept ``retention.dead`` after they ended
+        (they end at most ``retry.ceiling`` after creation), delivered rows
+        ``retention.delivered``, attempt history ``retention.attempts``."""
+        retention = self._config.retention
+        ceiling = max([self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())])
+        deleted = (self._prune_until_short(lambda: self._store.prune_deliveries(
+                       ("dead", "failed"), retention.dead + ceiling, retention.batch))
+                   + self._prune_until_short(lambda: self._store.prune_deliveries(
+                       ("delivered",), retention.delivered, retention.batch))
+                   + self._prune_until_short(lambda: self._store.prune_attempts(retention.attempts, retention.batch)))
+        if deleted:
+            log.info("retention: pruned %d rows", deleted)
+
+    def _prune_until_short(self, prune_batch: Callable[[], int]) -> int:
+        total = 0
+        for _ in range(PRUNE_ROUNDS):
+            deleted = prune_batch()
+            total += deleted
+            if deleted < self._config.retention.batch:
+                break
+        return total

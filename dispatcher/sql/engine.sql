@@ -245,3 +245,28 @@ UPDATE webhook_deliveries
  WHERE id = ANY (%(ids)s::bigint[]) AND status = 'pending'
    AND (locked_until IS NULL OR locked_until < now())
 RETURNING id;
+
+-- name: engine_prune_deliveries
+-- Batched, so one run never holds many row locks or writes a burst of WAL;
+-- the caller repeats until a batch comes back short.  Both statements run as
+-- one implicit transaction (one query string), so SET LOCAL holds for the
+-- DELETE only: with stale statistics the planner otherwise bets on a LIMITed
+-- sequential scan, which reads the whole table when nothing is due for
+-- pruning; the BRIN index reads only the old block ranges.
+SET LOCAL enable_seqscan = off;
+WITH doomed AS (
+    SELECT id FROM webhook_deliveries
+     WHERE status = ANY (%(statuses)s::text[])
+       AND created_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(batch)s
+)
+DELETE FROM webhook_deliveries d USING doomed WHERE d.id = doomed.id;
+
+-- name: engine_prune_attempts
+SET LOCAL enable_seqscan = off;
+WITH doomed AS (
+    SELECT id FROM webhook_delivery_attempts
+     WHERE started_at < now() - make_interval(secs => %(older_than)s)
+     LIMIT %(batch)s
+)
+DELETE FROM webhook_delivery_attempts a USING doomed WHERE a.id = doomed.id;

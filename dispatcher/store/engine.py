@@ -362,6 +362,18 @@ class EngineStore:
             cur.execute(QUERIES["engine_expired_candidates"], {"min_ceiling": min_ceiling, "limit": limit})
             return [(int(r[0]), str(r[1]), float(r[2])) for r in cur.fetchall()]
 
+    def prune_deliveries(self, statuses: Sequence[str], older_than: float, batch: int) -> int:
+        """Delete up to ``batch`` finished rows created more than ``older_than`` seconds ago."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_prune_deliveries"],
+                        {"statuses": list(statuses), "older_than": older_than, "batch": batch})
+            return int(cur.rowcount)
+
+    def prune_attempts(self, older_than: float, batch: int) -> int:
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_prune_attempts"], {"older_than": older_than, "batch": batch})
+            return int(cur.rowcount)
+
     def mark_expired(self, ids: Sequence[int]) -> int:
         if not ids:
             return 0

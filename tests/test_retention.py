@@ -1,0 +1,35 @@
+"""Q2 retention: the region's upkeep prunes finished rows by age, in batches."""
+
+from __future__ import annotations
+
+from dispatcher.config import config_from_mapping
+from dispatcher.metrics import Metrics
+from dispatcher.store.engine import EngineStore, ManagedConnection
+from dispatcher.upkeep import Upkeep
+from tests.support.engine import query, seed_workspace
+
+ROWS = [  # (status, created days ago, expected to survive)
+    ("delivered", 8, False), ("delivered", 6, True),
+    ("dead", 32, False), ("failed", 32, False), ("dead", 30.5, True), ("dead", 20, True),
+    ("pending", 60, True),  # never pruned, whatever its age: it is still owed a delivery
+]
+
+
+def test_upkeep_prunes_by_status_and_age_and_never_pending(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    for n, (status, days, _) in enumerate(ROWS):
+        query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, "
+                      "created_at) VALUES ('ws', %s, %s, 'h', %s, now() - make_interval(secs => %s))",
+              (endpoint, f"ev-{n}", status, days * 86400))
+    for days in (31, 29):
+        query(db.dsn, "INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, "
+                      "duration_ms, result) VALUES (1, %s, 1, now() - make_interval(secs => %s), 5, 'delivered')",
+              (endpoint, days * 86400))
+    config = config_from_mapping({"region": "test", "database": {"dsn": db.dsn}, "statsd": {"enabled": False},
+                                  "retention": {"dead": "30d", "delivered": "7d", "attempts": "30d", "batch": 2}},
+                                 env={})
+    Upkeep(config, EngineStore(ManagedConnection(db.dsn, "test")), Metrics(config.statsd)).run_once()
+    survivors = {row[0] for row in query(db.dsn, "SELECT event_id FROM webhook_deliveries")}
+    assert survivors == {f"ev-{n}" for n, (_, _, kept) in enumerate(ROWS) if kept}
+    assert query(db.dsn, "SELECT round(extract(epoch FROM now() - started_at) / 86400) "
+                         "FROM webhook_delivery_attempts") == [(29,)]
