@@ -475,8 +475,11 @@ class _BaseTransport:
 
 
 # --------------------------------------------------------------------------- urllib3
-class _PinnedHTTPConnection(HTTPConnection):
-    """An HTTPConnection that dials a fixed, already checked IP instead of resolving ``host``."""
+class _PinnedDial:
+    """Dials a fixed, already checked IP instead of resolving ``host``."""
+
+    port: int
+    timeout: Any
 
     def __init__(self, *args: Any, dial_ip: str, dialer: Dialer, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -487,16 +490,12 @@ class _PinnedHTTPConnection(HTTPConnection):
         return _dial(self._dialer, self._dial_ip, self.port, _as_seconds(self.timeout))
 
 
-class _PinnedHTTPSConnection(HTTPSConnection):
-    """As above; TLS still uses ``host`` for SNI and certificate matching."""
+class _PinnedHTTPConnection(_PinnedDial, HTTPConnection):
+    """Plain HTTP to the checked address."""
 
-    def __init__(self, *args: Any, dial_ip: str, dialer: Dialer, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._dial_ip = dial_ip
-        self._dialer = dialer
 
-    def _new_conn(self) -> socket.socket:
-        return _dial(self._dialer, self._dial_ip, self.port, _as_seconds(self.timeout))
+class _PinnedHTTPSConnection(_PinnedDial, HTTPSConnection):
+    """TLS to the checked address; SNI and certificate matching still use ``host``."""
 
 
 def _as_seconds(timeout: Any) -> float:

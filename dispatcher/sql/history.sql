@@ -130,23 +130,11 @@ SELECT e.id, e.url, e.active, e.event_types, e.created_at,
 -- name: api_endpoint_for_recover
 SELECT active FROM webhook_endpoints WHERE id = %(id)s AND workspace_id = %(workspace_id)s;
 
--- name: api_recover_count
--- One candidate per event: the newest dead/failed live row of each event
--- this endpoint failed since the cut-off, unless the event is already
--- pending or delivered on this endpoint (an earlier recover or replay).
-SELECT count(*) FROM (
-    SELECT DISTINCT d.event_id
-      FROM webhook_deliveries d
-     WHERE d.endpoint_id = %(endpoint_id)s AND d.workspace_id = %(workspace_id)s
-       AND d.status IN ('dead', 'failed') AND d.mode = 'live'
-       AND d.created_at >= %(since)s AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s::timestamptz)
-       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
-                        WHERE o.event_id = d.event_id AND o.endpoint_id = d.endpoint_id
-                          AND o.status IN ('pending', 'delivered'))
-) c;
-
 -- name: api_recover_insert
--- Same selection as api_recover_count, run under the same workspace lock.
+-- One row per event: the newest dead/failed live row of each event this
+-- endpoint failed since the cut-off, unless the event is already pending or
+-- delivered on this endpoint (an earlier recover or replay).  Run under the
+-- workspace lock, so concurrent recovers cannot both queue the same event.
 INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
                                 attempt, status, mode, next_attempt_at, replay_of)
 SELECT c.workspace_id, c.endpoint_id, c.event_id, c.payload_hash, 0, 'pending', 'live', now(), c.id

@@ -219,10 +219,11 @@ def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: dateti
         # The lock also serialises concurrent recovers of one endpoint, so the
         # "already pending" test below cannot let both queue the same event.
         run_query(conn, "api_replay_lock", {"workspace_id": workspace_id})
-        count = int(run_query(conn, "api_recover_count", params)[0][0])
-        if count == 0:
-            return RecoverResult(queued=0, units=0)
-        units = math.ceil(count / ROWS_PER_REPLAY_UNIT)
-        _charge(conn, workspace_id, units, limit)
+        # Insert first, then pay: a refused charge raises inside this
+        # transaction, which rolls the inserted rows back with it.
         queued = len(run_query(conn, "api_recover_insert", params))
+        if queued == 0:
+            return RecoverResult(queued=0, units=0)
+        units = math.ceil(queued / ROWS_PER_REPLAY_UNIT)
+        _charge(conn, workspace_id, units, limit)
     return RecoverResult(queued=queued, units=units)
