@@ -14,21 +14,14 @@ import re
 import secrets
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
-
-import psycopg2
-import psycopg2.errors
 
 from dispatcher import __version__, store
-from dispatcher.config import Config, ConfigError, load_config
-from dispatcher.embedded import EmbeddedUnavailable, resolve_dsn
+from dispatcher.config import Config, load_config
+from dispatcher.embedded import resolve_dsn
+from dispatcher.entry import UsageError, run_command
 from dispatcher.exitcodes import ExitCode
 
 Command = Callable[[Config, argparse.Namespace], int]
-
-
-class UsageError(Exception):
-    """Bad command-line input; exits with ExitCode.USAGE."""
 
 
 def _flag(text: str) -> tuple[str, bool]:
@@ -92,23 +85,15 @@ def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.netguard import BlockedURL, InvalidURL, check_registration_url
+    from dispatcher.netguard import BlockedURL, InvalidURL, OutboundPolicy, check_registration_url
 
     try:
-        check_registration_url(args.url, _outbound_policy(config))
+        check_registration_url(args.url, OutboundPolicy.from_config(config.http))
     except (InvalidURL, BlockedURL) as exc:
         raise UsageError(f"endpoint URL refused: {exc}") from None
     endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events)
     print(endpoint_id)
     return ExitCode.OK
-
-
-def _outbound_policy(config: Config):  # type: ignore[no-untyped-def]
-    from dispatcher.netguard import OutboundPolicy
-
-    return OutboundPolicy(require_https=config.http.require_https,
-                          allow_private_networks=config.http.allow_private_networks,
-                          allow_networks=tuple(config.http.allow_networks))
 
 
 def cmd_token(config: Config, args: argparse.Namespace) -> int:
@@ -142,37 +127,14 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _fail(code: ExitCode, message: str) -> NoReturn:
-    print(f"dispatcher: {message}", file=sys.stderr)
-    raise SystemExit(int(code))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        config = load_config(args.config)
-        return COMMANDS[args.command or "run"](config, args)
-    except ConfigError as exc:
-        _fail(ExitCode.CONFIG, f"config error ({args.config}): {exc}")
-    except UsageError as exc:
-        _fail(ExitCode.USAGE, str(exc))
-    except (store.DatabaseUnavailable, EmbeddedUnavailable) as exc:
-        _fail(ExitCode.DATABASE_UNAVAILABLE, str(exc))
-    except store.SchemaOutdated as exc:
-        _fail(ExitCode.SCHEMA_OUTDATED, str(exc))
-    except store.StoreError as exc:
-        _fail(ExitCode.FAILURE, str(exc))
-    except psycopg2.errors.UndefinedTable as exc:
-        _fail(ExitCode.SCHEMA_OUTDATED, f"database not migrated ({_first_line(exc)}): run `dispatcher migrate`")
-    except psycopg2.Error as exc:
-        _fail(ExitCode.FAILURE, f"database error: {_first_line(exc)}")
-    except KeyboardInterrupt:
-        return ExitCode.INTERRUPTED
+
+    def command() -> int:
+        return COMMANDS[args.command or "run"](load_config(args.config), args)
+
+    return run_command(command, "dispatcher", args.config)
 
 
 if __name__ == "__main__":

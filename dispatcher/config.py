@@ -22,7 +22,12 @@ from typing import Any
 
 import yaml
 
-from dispatcher.policy import BreakerPolicy, RetryPolicies, RetryPolicy
+from dispatcher.breaker import BreakerPolicy
+from dispatcher.policy import RetryPolicies, RetryPolicy
+
+# The retry and breaker settings default to the policies' own values, declared once there.
+_RETRY_DEFAULTS = RetryPolicy()
+_BREAKER_DEFAULTS = BreakerPolicy()
 
 DSN_ENV = "DISPATCHER_DATABASE_DSN"
 # The supervisor resolves the DSN once (starting the embedded server if need
@@ -243,10 +248,12 @@ def _policy_overrides(value: Any) -> PolicyOverrides:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    base: float = setting(10.0, parse_duration, "first retry gap; each later gap doubles")
-    max_interval: float = setting(7200.0, parse_duration, "largest gap between two attempts")
-    ceiling: float = setting(86400.0, parse_duration, "last attempt at most this long after creation, then dead")
-    jitter: float = setting(0.2, lambda v: _fraction(v), "a gap is drawn from [gap*(1-jitter), gap]")
+    # The defaults are the policy's own (decisions.md "Retry schedule"), declared once there.
+    base: float = setting(_RETRY_DEFAULTS.base, parse_duration, "first retry gap; each later gap doubles")
+    max_interval: float = setting(_RETRY_DEFAULTS.max_interval, parse_duration, "largest gap between two attempts")
+    ceiling: float = setting(_RETRY_DEFAULTS.ceiling, parse_duration,
+                             "last attempt at most this long after creation, then dead")
+    jitter: float = setting(_RETRY_DEFAULTS.jitter, lambda v: _fraction(v), "a gap is drawn from [gap*(1-jitter), gap]")
     policies: PolicyOverrides = setting((), _policy_overrides,
                                         "per event type overrides, e.g. max_attempts: 1", shown="{}")
 
@@ -265,8 +272,11 @@ def _fraction(value: Any) -> float:
 
 @dataclass(frozen=True)
 class BreakerConfig:
-    failure_threshold: int = setting(20, _positive_int, "consecutive failures that open the breaker")
-    open_for: float = setting(300.0, parse_duration, "how long an opened breaker stays open before one probe")
+    # The defaults are the rule's own (RFC-014: 20 failures, 5 minutes), declared once there.
+    failure_threshold: int = setting(_BREAKER_DEFAULTS.failure_threshold, _positive_int,
+                                     "consecutive failures that open the breaker")
+    open_for: float = setting(_BREAKER_DEFAULTS.open_for, parse_duration,
+                              "how long an opened breaker stays open before one probe")
 
     def policy(self) -> BreakerPolicy:
         return BreakerPolicy(failure_threshold=self.failure_threshold, open_for=self.open_for)

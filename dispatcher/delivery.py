@@ -15,10 +15,11 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from dispatcher.breaker import BreakerSignal
 from dispatcher.config import Config
 from dispatcher.message import delivery_headers, event_body, signing_keys
 from dispatcher.netguard import OutboundPolicy
-from dispatcher.policy import BreakerSignal, Outcome, RetryPolicies, Verdict, classify, terminal
+from dispatcher.policy import Outcome, RetryPolicies, Verdict, classify, terminal
 from dispatcher.redact import excerpt, scrub
 from dispatcher.signing import InvalidSecret
 from dispatcher.store.engine import AttemptRecord, ClaimedRow
@@ -45,12 +46,6 @@ class Attempt:
     commit_to_2xx: float | None   # seconds from the row's creation to its 2xx
 
 
-def outbound_policy(config: Config) -> OutboundPolicy:
-    return OutboundPolicy(require_https=config.http.require_https,
-                          allow_private_networks=config.http.allow_private_networks,
-                          allow_networks=tuple(config.http.allow_networks))
-
-
 def build_transport(config: Config) -> Transport:
     # ``maxsize`` is the idle keep-alive connections kept per (host, address).
     # Many endpoints can share one host, so capping it at the per-endpoint
@@ -60,7 +55,8 @@ def build_transport(config: Config) -> Transport:
     # holds connections that were in use at the same time, so it stays bounded
     # by that host's real concurrency, itself at most ``max_in_flight``.
     return make_transport(config.http.client, timeout=config.http.timeout,  # type: ignore[arg-type]
-                          max_response_bytes=config.http.max_response_bytes, policy=outbound_policy(config),
+                          max_response_bytes=config.http.max_response_bytes,
+                          policy=OutboundPolicy.from_config(config.http),
                           maxsize=max(config.workers.per_endpoint_concurrency, config.workers.max_in_flight))
 
 

@@ -31,8 +31,11 @@ import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
+
+if TYPE_CHECKING:
+    from dispatcher.config import HttpConfig
 
 __all__ = [
     "BlockedURL",
@@ -90,6 +93,12 @@ class OutboundPolicy:
     def __post_init__(self) -> None:
         nets = tuple(ipaddress.ip_network(n) for n in self.allow_networks)
         object.__setattr__(self, "allow_networks", nets)
+
+    @classmethod
+    def from_config(cls, http: HttpConfig) -> OutboundPolicy:
+        """The policy of the ``http`` config section, for every sender (engine, legacy path, CLI)."""
+        return cls(require_https=http.require_https, allow_private_networks=http.allow_private_networks,
+                   allow_networks=tuple(http.allow_networks))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ import smtplib
 from email.message import EmailMessage
 from typing import Protocol
 
+from dispatcher.breaker import EndpointBreaker
 from dispatcher.config import NotifierConfig
-from dispatcher.policy import EndpointBreaker
 
 log = logging.getLogger("dispatcher.notifier")
 

@@ -1,4 +1,4 @@
-"""Retry and circuit-breaker decisions for webhook deliveries (RFC-014).
+"""Retry decisions for webhook deliveries (RFC-014); the breaker's are in ``dispatcher.breaker``.
 
 This is the pure decision layer, modelled on urllib3's ``Retry``: small
 immutable values and functions that receive the clock (and the random jitter
@@ -26,11 +26,13 @@ import calendar
 import enum
 import math
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from email.utils import parsedate_tz
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
+
+from dispatcher.breaker import BreakerSignal
 
 if TYPE_CHECKING:
     # Types only: the transport module imports gevent, ssl and urllib3, and this
@@ -38,22 +40,15 @@ if TYPE_CHECKING:
     from dispatcher.transport import ErrorClass, TransportResult
 
 __all__ = [
-    "CLOSED",
     "DEFAULT_POLICIES",
     "DEFAULT_POLICY",
-    "Admission",
-    "BreakerPolicy",
-    "BreakerSignal",
-    "BreakerState",
     "ERROR_TEXT_LIMIT",
-    "EndpointBreaker",
     "RETRYABLE_ERRORS",
     "UNSENDABLE_ERRORS",
     "Outcome",
     "ResultLabel",
     "RetryPolicies",
     "RetryPolicy",
-    "Transition",
     "Verdict",
     "backoff_table",
     "classify",
@@ -156,18 +151,6 @@ class RetryPolicy:
             return self.ceiling - age
         return None
 
-    def defer_while_open(self, age: float, wait: float) -> float | None:
-        """Delay for a due row skipped because its endpoint's breaker is open.
-
-        No attempt is consumed.  The row waits ``wait`` seconds (until the
-        breaker may admit again) but never past its ceiling; a row that is
-        skipped at or after its ceiling returns ``None`` and is swept to dead.
-        """
-        _require(math.isfinite(age), "age must be finite")
-        if age >= self.ceiling:
-            return None
-        return min(max(wait, 0.0), self.ceiling - age)
-
     def schedule(self, jitter_sample: float = 0.0) -> list[float]:
         """Offsets from creation of every attempt, if every attempt fails.
 
@@ -266,12 +249,6 @@ class Verdict(enum.Enum):
     RETRY = "retry"
     DEAD = "dead"
     FAILED = "failed"  # terminal: the row can never be sent
-
-
-class BreakerSignal(enum.Enum):
-    SUCCESS = "success"
-    FAILURE = "failure"
-    IGNORE = "ignore"  # says nothing about the endpoint's health
 
 
 # The `result` label of webhook_delivery_attempts_total and of the attempt log.
@@ -383,105 +360,6 @@ def terminal(reason: str) -> Outcome:
     No attempt was made, so the breaker learns nothing.
     """
     return Outcome(Verdict.FAILED, "failed", None, BreakerSignal.IGNORE, _clip(reason))
-
-
-# --------------------------------------------------------------------------
-# Circuit breaker
-# --------------------------------------------------------------------------
-
-# Plain strings (not an Enum) because they are stored in endpoint_state.state
-# as-is; DB drivers adapt str without surprises.
-BreakerState = Literal["closed", "open", "half_open"]
-_BREAKER_STATES: frozenset[str] = frozenset(get_args(BreakerState))
-
-Admission = Literal["send", "probe", "skip"]
-Transition = Literal["opened", "reopened", "closed", "half_opened"]
-
-
-@dataclass(frozen=True, slots=True)
-class EndpointBreaker:
-    """A snapshot of one endpoint_state row.
-
-    ``open_until`` (unix seconds, database clock) ends the cool-off window when
-    ``open``, and the in-flight probe's lease when ``half_open``.
-    """
-
-    state: str = "closed"
-    consecutive_failures: int = 0
-    open_until: float | None = None
-
-    def __post_init__(self) -> None:
-        _require(self.state in _BREAKER_STATES, f"unknown breaker state {self.state!r}")
-        _require(self.consecutive_failures >= 0, "consecutive_failures must be >= 0")
-
-    def lapsed(self, now: float) -> bool:
-        # A missing deadline counts as lapsed: an open breaker that can never
-        # be probed would wedge its endpoint forever.
-        return self.open_until is None or now >= self.open_until
-
-
-CLOSED = EndpointBreaker()
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerPolicy:
-    failure_threshold: int = 20
-    open_for: float = 300.0
-
-    def __post_init__(self) -> None:
-        _require(self.failure_threshold >= 1, "failure_threshold must be >= 1")
-        _require(math.isfinite(self.open_for) and self.open_for > 0, "open_for must be finite and > 0")
-
-    def admits(self, b: EndpointBreaker, now: float) -> Admission:
-        """May a due delivery to this endpoint be sent now?
-
-        ``skip`` consumes no attempt.  Both the cool-off window (``open``) and a
-        probe's lease (``half_open``) end at ``open_until``; after that the
-        next delivery probes, so a crashed prober cannot wedge the endpoint.
-        """
-        if b.state == "closed":
-            return "send"
-        return "probe" if b.lapsed(now) else "skip"
-
-    def after(self, b: EndpointBreaker, signals: Sequence[BreakerSignal], now: float) -> EndpointBreaker:
-        """The breaker after applying attempt signals in order."""
-        for signal in signals:
-            b = self._apply(b, signal, now)
-        return b
-
-    def _apply(self, b: EndpointBreaker, signal: BreakerSignal, now: float) -> EndpointBreaker:
-        if signal is BreakerSignal.SUCCESS:
-            return CLOSED
-        if signal is BreakerSignal.IGNORE:
-            return b
-        failures = b.consecutive_failures + 1
-        if self._opens(b, failures, now):
-            return EndpointBreaker("open", failures, now + self.open_for)
-        return replace(b, consecutive_failures=failures)
-
-    def _opens(self, b: EndpointBreaker, failures: int, now: float) -> bool:
-        if b.state == "closed":
-            return failures >= self.failure_threshold
-        if b.state == "half_open":
-            return True  # the probe failed: another full window
-        # open: failures of requests sent before it opened must not extend the
-        # window (open_for >> request timeout, so they arrive inside it).  A
-        # failure after the window lapsed is a probe's answer: without a new
-        # window the endpoint would be probed on every poll.
-        return b.lapsed(now)
-
-    @staticmethod
-    def transitions(old: EndpointBreaker, new: EndpointBreaker) -> Transition | None:
-        """A label for the change from ``old`` to ``new``, for logs and metrics."""
-        if new.state == "open":
-            if old.state == "closed":
-                return "opened"  # decisions Q3: notify the endpoint owner here
-            if old.state == "half_open" or old.open_until != new.open_until:
-                return "reopened"
-            return None
-        if new.state == old.state:
-            return None
-        return "closed" if new.state == "closed" else "half_opened"
 
 
 # --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 from dispatcher import store
 from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
 from dispatcher.embedded import resolve_dsn
+from dispatcher.entry import check_schema
 from dispatcher.exitcodes import ExitCode
 from dispatcher.store.engine import EngineStore, ManagedConnection
 
@@ -285,23 +286,11 @@ class Supervisor:
         self._dir.rmdir()
 
 
-def check_database(config: Config, dsn: str) -> None:
-    """Boot check: reachable, and migrated to what this code expects."""
-    conn = store.connect(dsn, config.database.connect_timeout, "dispatcher supervisor")
-    try:
-        missing = store.pending_migrations(conn)
-    finally:
-        conn.close()
-    if missing:
-        raise store.SchemaOutdated(
-            f"database schema is missing migration(s) {missing}; run: dispatcher -c {config.source} migrate")
-
-
 def run_supervisor(config: Config) -> int:
     """``dispatcher run``: boot checks, then supervise until told to stop."""
     from dispatcher.logsetup import configure_logging
 
     configure_logging(config.logging, "supervisor")
     dsn = resolve_dsn(config.database)
-    check_database(config, dsn)
+    check_schema(config.source, dsn, config.database.connect_timeout, "dispatcher supervisor")
     return Supervisor(config, dsn).run()

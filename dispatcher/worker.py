@@ -9,7 +9,9 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
 * the flusher writes finished attempts in batches (one statement per flush)
   and updates the breakers;
 * upkeep (one process per region, by advisory lock) evaluates backlog alerts,
-  breaker gauges and the sweep of rows that expire while a breaker is open;
+  publishes the breaker gauges, sweeps rows that expire while a breaker is
+  open, and prunes finished rows and attempt history past their retention
+  (decisions Q2; ``dispatcher.upkeep``);
 * the heartbeat proves to the supervisor that the hub is not stuck.
 
 The loop contains no SQL: every database call goes through ``store.engine``.
@@ -22,19 +24,18 @@ import os
 import random
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import gevent
 import gevent.event
 
+from dispatcher.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
 from dispatcher.config import Config
 from dispatcher.delivery import Attempt, DeliveryMaker
 from dispatcher.metrics import Metrics
 from dispatcher.notifier import make_notifier
-from dispatcher.policy import CLOSED, BreakerPolicy, BreakerSignal, EndpointBreaker
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
-from dispatcher.store.engine import BreakerWrite, ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection
 
 log = logging.getLogger("dispatcher.worker")
 attempt_log = logging.getLogger("dispatcher.attempt")
@@ -247,17 +248,14 @@ class Worker:
         return True
 
     def _update_breakers(self, attempts: list[Attempt]) -> None:
-        signals: dict[int, list[Attempt]] = {}
-        for attempt in attempts:
-            if attempt.breaker is not BreakerSignal.IGNORE:
-                signals.setdefault(attempt.record.endpoint_id, []).append(attempt)
-        if not signals:
+        batch = BreakerBatch(self._breaker, (Signal(a.record.endpoint_id, a.breaker, a.record.error)
+                                             for a in attempts))
+        if not batch.endpoint_ids:
             return
-        decide = self._breaker_decider(signals)
         try:
-            touched = self._results.touch_closed_breakers(self._success_writes(signals, decide))
-            rest = [endpoint_id for endpoint_id in signals if endpoint_id not in touched]
-            writes = self._results.update_breakers(rest, decide) if rest else []
+            touched = self._results.touch_closed_breakers(batch.closed_writes())
+            rest = [endpoint_id for endpoint_id in batch.endpoint_ids if endpoint_id not in touched]
+            writes = self._results.update_breakers(rest, batch) if rest else []
         except StoreError as exc:
             log.warning("breaker update failed (counts from this batch are lost): %s", exc)
             return
@@ -265,25 +263,6 @@ class Worker:
             self._announce(write)
             if write.breaker.state == "open":
                 self._hand_back_lane(write.endpoint_id)
-
-    @staticmethod
-    def _success_writes(signals: dict[int, list[Attempt]],
-                        decide: Callable[[int, EndpointBreaker, float], BreakerWrite]) -> list[BreakerWrite]:
-        """The breaker writes of endpoints whose batch holds a success and leaves them closed.
-
-        A success closes the breaker whatever its state, so the policy's answer
-        for such a batch does not depend on the stored state, nor on the clock
-        while it stays closed: it is computed here, without reading the row, and
-        written only where the row is still ``closed`` (no transition, nothing
-        to announce).  Every other endpoint takes the lock / decide / write path.
-        """
-        writes = []
-        for endpoint_id, attempts in signals.items():
-            if any(a.breaker is BreakerSignal.SUCCESS for a in attempts):
-                write = decide(endpoint_id, CLOSED, 0.0)
-                if write.breaker.state == "closed":
-                    writes.append(write)
-        return writes
 
     def _hand_back_lane(self, endpoint_id: int) -> None:
         """The endpoint's breaker is open: rows queued here must not be sent now
@@ -296,17 +275,6 @@ class Worker:
         self._held -= len(unsent)
         self._room.set()
         self._release(unsent)
-
-    def _breaker_decider(self, signals: dict[int, list[Attempt]]) -> Callable[
-            [int, EndpointBreaker, float], BreakerWrite]:
-        def decide(endpoint_id: int, old: EndpointBreaker, now: float) -> BreakerWrite:
-            attempts = signals[endpoint_id]
-            new = self._breaker.after(old, [a.breaker for a in attempts], now)
-            failed = [a for a in attempts if a.breaker is BreakerSignal.FAILURE]
-            error = failed[-1].record.error if failed else None
-            return BreakerWrite(endpoint_id, old, new, len(failed) < len(attempts), bool(failed), error)
-
-        return decide
 
     def _announce(self, write: BreakerWrite) -> None:
         transition = BreakerPolicy.transitions(write.previous, write.breaker)

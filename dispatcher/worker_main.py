@@ -2,27 +2,19 @@
 
 gevent must patch ``socket``, ``ssl``, ``threading`` and friends before any
 module imports them, and psycogreen must make psycopg2 cooperative before a
-connection exists.  ``dispatcher/__init__.py`` imports nothing, so running
-``python -m dispatcher.worker_main`` reaches these lines first.
+connection exists.  ``dispatcher/__init__.py`` and ``dispatcher.entry``
+import nothing that matters, so running ``python -m dispatcher.worker_main``
+reaches the patch first.
 """
 
-import sys
+from dispatcher.entry import patch_or_exit
 
-try:
-    from gevent import monkey
-
-    monkey.patch_all()
-
-    from psycogreen.gevent import patch_psycopg
-
-    patch_psycopg()
-except Exception as exc:  # a broken install is a boot failure (exit 4), not a crash to restart
-    print(f"dispatcher worker: boot failed: cannot set up gevent: {type(exc).__name__}: {exc}", file=sys.stderr)
-    sys.exit(4)  # ExitCode.WORKER_BOOT_FAILED; nothing more may be imported before the patch
+patch_or_exit("dispatcher worker")  # a broken install is a boot failure (exit 4), not a crash to restart
 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
+import sys  # noqa: E402
 
 import gevent  # noqa: E402
 

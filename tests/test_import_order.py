@@ -168,17 +168,23 @@ def allowed_before_patching(tmp_path_factory: pytest.TempPathFactory) -> set[str
     return reference.imported_unpatched()
 
 
-def parent_packages(tmp_path: Path, entry_point: str) -> set[str]:
-    """What importing the entry point's parent packages loads; Python imports them
-    before the entry point's first line, so they must load nothing that matters."""
-    parents = entry_point.split(".")[:-1]
-    if not parents:
-        return set()
-    result = probe(tmp_path, ".".join(parents))
+def harmless_import(tmp_path: Path, module: str) -> set[str]:
+    """What importing ``module`` loads, checked to be nothing that matters."""
+    result = probe(tmp_path, module)
     loaded = result.newly_loaded()
-    assert not loaded & NETWORK, f"importing {'.'.join(parents)} loads {sorted(loaded & NETWORK)}"
+    assert not loaded & NETWORK, f"importing {module} loads {sorted(loaded & NETWORK)}"
     assert not result.checks["gevent_loaded"]
     return loaded
+
+
+def parent_packages(tmp_path: Path, entry_point: str) -> set[str]:
+    """What the green entry point may import before it has patched: its parent
+    packages (Python imports them before the entry point's first line) and
+    ``dispatcher.entry``, the one module that holds the patch call.  Both must
+    load nothing that matters."""
+    parents = entry_point.split(".")[:-1]
+    loaded = harmless_import(tmp_path, ".".join(parents)) if parents else set()
+    return loaded | harmless_import(tmp_path, "dispatcher.entry") | {"dispatcher.entry"}
 
 
 def assert_patched_first(result: Probe, allowed: set[str], entry_point: str) -> None:
@@ -198,9 +204,10 @@ def with_first_statement(source: str, statement: str) -> str:
 
 
 def without_psycopg_patch(source: str) -> str:
-    """``source`` with its ``patch_psycopg()`` call(s) replaced by ``pass``."""
-    broken, count = re.subn(r"^(\s*)patch_psycopg\(\)\s*$", r"\1pass", source, flags=re.MULTILINE)
-    assert count, "worker_main.py no longer calls patch_psycopg(): update this mutation"
+    """``source`` with its patch call replaced by gevent's patch alone (no psycogreen)."""
+    broken, count = re.subn(r"^patch_or_exit\(.*\).*$", "from gevent import monkey  # noqa: E402\n\nmonkey.patch_all()",
+                            source, flags=re.MULTILINE)
+    assert count, "worker_main.py no longer calls patch_or_exit(): update this mutation"
     return broken
 
 
@@ -236,9 +243,9 @@ class TestWorkerEntryPoint:
         (tmp_path / "broken_worker_main.py").write_text(broken, encoding="utf-8")
         # Caught by the import record, or (urllib3 keeps references to ssl) by
         # gevent's own MonkeyPatchWarning, which the probe makes fatal.
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
         with pytest.raises(AssertionError, match="before gevent and psycogreen have patched|MonkeyPatchWarning"):
-            assert_patched_first(probe(tmp_path, "broken_worker_main"), allowed_before_patching,
-                                 "broken_worker_main")
+            assert_patched_first(probe(tmp_path, "broken_worker_main"), allowed, "broken_worker_main")
 
     def test_the_check_catches_psycogreen_patching_after_other_imports(
         self, tmp_path: Path, allowed_before_patching: set[str]
@@ -248,16 +255,18 @@ class TestWorkerEntryPoint:
         (tmp_path / "late_worker_main.py").write_text(broken, encoding="utf-8")
         result = probe(tmp_path, "late_worker_main")
         assert result.checks["psycopg_wait_callback"] is not None  # patched, but too late
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
         with pytest.raises(AssertionError, match="before gevent and psycogreen have patched"):
-            assert_patched_first(result, allowed_before_patching, "late_worker_main")
+            assert_patched_first(result, allowed, "late_worker_main")
 
     def test_the_check_catches_a_missing_psycogreen_patch(self, tmp_path: Path,
                                                          allowed_before_patching: set[str]) -> None:
         broken = without_psycopg_patch(WORKER_MAIN.read_text(encoding="utf-8"))
         (tmp_path / "unpatched_worker_main.py").write_text(broken, encoding="utf-8")
         result = probe(tmp_path, "unpatched_worker_main")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
         with pytest.raises(AssertionError):
-            assert_patched_first(result, allowed_before_patching, "unpatched_worker_main")
+            assert_patched_first(result, allowed, "unpatched_worker_main")
 
     def test_a_monkey_patch_warning_fails_the_probe(self, tmp_path: Path) -> None:
         (tmp_path / "late_patch.py").write_text(

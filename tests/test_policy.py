@@ -19,14 +19,11 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dispatcher import policy as policy_module
+from dispatcher.breaker import CLOSED, BreakerPolicy, BreakerSignal, EndpointBreaker
 from dispatcher.policy import (
-    CLOSED,
     DEFAULT_POLICIES,
     DEFAULT_POLICY,
     ERROR_TEXT_LIMIT,
-    BreakerPolicy,
-    BreakerSignal,
-    EndpointBreaker,
     Outcome,
     ResultLabel,
     RetryPolicies,
@@ -244,21 +241,6 @@ class TestSchedule:
         for n, (age, following) in enumerate(zip(offsets, offsets[1:], strict=False), start=1):
             assert DEFAULT_POLICY.next_delay(n, age=age, jitter_sample=0.0) == following - age
         assert DEFAULT_POLICY.next_delay(len(offsets), age=offsets[-1], jitter_sample=0.0) is None
-
-
-class TestDeferWhileOpen:
-    def test_waits_for_the_breaker(self) -> None:
-        assert DEFAULT_POLICY.defer_while_open(age=100.0, wait=300.0) == 300.0
-
-    def test_never_past_the_ceiling(self) -> None:
-        assert DEFAULT_POLICY.defer_while_open(age=86300.0, wait=300.0) == 100.0
-
-    @pytest.mark.parametrize("age", [86400.0, 90000.0])
-    def test_dead_once_the_ceiling_passed_while_open(self, age: float) -> None:
-        assert DEFAULT_POLICY.defer_while_open(age=age, wait=300.0) is None
-
-    def test_negative_wait_means_now(self) -> None:
-        assert DEFAULT_POLICY.defer_while_open(age=100.0, wait=-5.0) == 0.0
 
 
 class TestRetryPolicies:

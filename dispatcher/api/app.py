@@ -21,6 +21,7 @@ import falcon.media
 
 from dispatcher.api import problems
 from dispatcher.api.pool import ConnectionPool
+from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.api.resources import (
     ApiContext,
     Console,
@@ -84,7 +85,8 @@ def create_app(config: Config, dsn: str) -> DispatcherApp:
     pool = ConnectionPool(dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
                           statement_timeout=api.statement_timeout)
     console = _asset("console.html")
-    ctx = ApiContext(config=api, pool=pool, openapi=_asset("openapi.json"), console=console,
+    ctx = ApiContext(config=api, pool=pool, replay_budget=ReplayBudget(api.replays_per_hour),
+                     breaker=config.breaker.policy(), openapi=_asset("openapi.json"), console=console,
                      console_csp=_csp_for(console))
     app = DispatcherApp(media_type=falcon.MEDIA_JSON)
     app.pool = pool

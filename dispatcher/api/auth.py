@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dispatcher import store
-from dispatcher.store import history
+from dispatcher.entry import UsageError
+from dispatcher.store import api_data
 
 READ = "webhooks:read"
 WRITE = "webhooks:write"
@@ -44,13 +45,11 @@ def hash_token(token: str) -> str:
 
 def create_token(conn: store.Connection, workspace: str, scopes: Sequence[str]) -> str:
     """Store a new token's hash for ``workspace`` and return the token (shown once)."""
-    from dispatcher.cli import UsageError  # the CLI's error type maps to its usage exit code
-
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise UsageError(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; use {', '.join(SCOPES)}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    history.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)))
+    api_data.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)))
     return token
 
 
@@ -68,7 +67,7 @@ def bearer_token(authorization: str | None) -> str:
 
 
 def authenticate(conn: store.Connection, token: str, scope: str) -> Principal:
-    found = history.lookup_token(conn, hash_token(token))
+    found = api_data.lookup_token(conn, hash_token(token))
     if found is None:
         raise Unauthenticated("the bearer token is not valid")
     principal = Principal(workspace_id=found[0], scopes=found[1])

@@ -22,21 +22,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg2
-import psycopg2.errors
 import psycopg2.extensions
 
 from dispatcher import store
-from dispatcher.store import history
+from dispatcher.store import api_data
 
 log = logging.getLogger(__name__)
 
 
 class PoolTimeout(store.DatabaseUnavailable):
     """Every connection stayed busy for the whole wait."""
-
-
-class QueryTimeout(store.DatabaseUnavailable):
-    """A statement ran past the API's statement_timeout."""
 
 
 class ConnectionPool:
@@ -51,8 +46,8 @@ class ConnectionPool:
     def _open(self) -> store.Connection:
         conn = store.connect(self._dsn, self._connect_timeout, "dispatcher-api")
         try:
-            history.session_setup(conn, self._statement_timeout_ms)
-        except psycopg2.Error:
+            api_data.session_setup(conn, self._statement_timeout_ms)
+        except store.StoreError:
             conn.close()
             raise
         return conn
@@ -92,12 +87,12 @@ class ConnectionPool:
         conn: store.Connection | None = None
         try:
             conn = self._take()
-            yield conn
-        except psycopg2.errors.QueryCanceled:
-            # statement_timeout: the connection itself is healthy.
-            raise QueryTimeout("the database query took too long") from None
-        except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-            log.warning("database connection failed: %s", str(exc).strip().splitlines()[0] if str(exc) else exc)
+            with store.translated():
+                yield conn
+        except store.QueryTimeout:
+            raise  # statement_timeout: the connection itself is healthy
+        except store.DatabaseUnavailable as exc:
+            log.warning("database connection failed: %s", exc)
             self._discard(conn)
             conn = None
             self._drain_idle()

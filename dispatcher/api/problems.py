@@ -18,7 +18,8 @@ import falcon
 
 from dispatcher import store
 from dispatcher.api import pool
-from dispatcher.store import history
+from dispatcher.api.replay_budget import ReplayLimited
+from dispatcher.store import api_data
 
 log = logging.getLogger("dispatcher.api")
 
@@ -90,7 +91,7 @@ def handle_conflict(req: falcon.Request, resp: falcon.Response, exc: Exception, 
 
 def handle_replay_limited(req: falcon.Request, resp: falcon.Response, exc: Exception,
                           params: dict[str, Any]) -> None:
-    assert isinstance(exc, history.ReplayLimited)
+    assert isinstance(exc, ReplayLimited)
     if exc.retry_after is None:
         raise Problem(422, "replay-request-too-large", "Replay request too large",
                       f"{exc}; narrow the time range (since/until) and send several requests")
@@ -103,7 +104,7 @@ def handle_unavailable(req: falcon.Request, resp: falcon.Response, exc: Exceptio
     log.warning("%s %s: 503: %s", req.method, req.path, exc)
     if isinstance(exc, pool.PoolTimeout):
         detail = "all database connections are busy"
-    elif isinstance(exc, pool.QueryTimeout):
+    elif isinstance(exc, store.QueryTimeout):
         detail = "the database query took too long"
     else:
         detail = "the database is unavailable"
@@ -122,7 +123,7 @@ def handle_bug(req: falcon.Request, resp: falcon.Response, exc: Exception, param
 HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
     (Exception, handle_bug),
     (store.NotFound, handle_not_found),
-    (history.Conflict, handle_conflict),
-    (history.ReplayLimited, handle_replay_limited),
+    (api_data.Conflict, handle_conflict),
+    (ReplayLimited, handle_replay_limited),
     (store.DatabaseUnavailable, handle_unavailable),
 )

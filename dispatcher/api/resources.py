@@ -2,7 +2,7 @@
 
 A responder authenticates first (so a malformed id from an anonymous client
 gets 401, not 404), parses its input with ``params`` (4xx on anything odd),
-and calls ``store.history`` for the work.  Store exceptions are turned into
+and calls ``store.api_data`` for the work.  Store exceptions are turned into
 problems by the handlers in ``problems``.
 """
 
@@ -20,14 +20,18 @@ import falcon
 from dispatcher.api import auth, params
 from dispatcher.api.pool import ConnectionPool
 from dispatcher.api.problems import Problem, bad_request, not_found, unprocessable
+from dispatcher.api.replay_budget import ReplayBudget
+from dispatcher.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.config import ApiConfig
-from dispatcher.store import Connection, history
+from dispatcher.store import Connection, api_data
 
 
 @dataclass(frozen=True)
 class ApiContext:
     config: ApiConfig
     pool: ConnectionPool
+    replay_budget: ReplayBudget
+    breaker: BreakerPolicy
     openapi: bytes
     console: bytes
     console_csp: str
@@ -60,7 +64,7 @@ def _ts(value: datetime | None) -> str | None:
 
 def delivery_json(row: dict[str, Any]) -> dict[str, Any]:
     """The public shape of a delivery; claim internals (locks, tokens) are never read."""
-    out = {key: row[key] for key in history.DELIVERY_COLUMNS}
+    out = {key: row[key] for key in api_data.DELIVERY_COLUMNS}
     for key in ("created_at", "next_attempt_at", "delivered_at", "finished_at"):
         out[key] = _ts(out[key])
     if "attempts" in row:
@@ -87,12 +91,12 @@ class Deliveries:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         with session(self.ctx, req, auth.READ) as (conn, who):
             params.only(req, "event_id", "endpoint_id", "status", "since", "until", "limit", "cursor")
-            filters = history.DeliveryFilter(
+            filters = api_data.DeliveryFilter(
                 event_id=params.query_event_id(req), endpoint_id=params.query_int(req, "endpoint_id"),
                 status=params.status(req), since=params.query_timestamp(req, "since"),
                 until=params.query_timestamp(req, "until"))
             limit, before = params.limit(req), params.cursor(req)
-            rows = history.list_deliveries(conn, who.workspace_id, filters, before, limit + 1)
+            rows = api_data.list_deliveries(conn, who.workspace_id, filters, before, limit + 1)
         resp.media = _page(rows, limit)
 
 
@@ -106,7 +110,7 @@ class Delivery:
         with session(self.ctx, req, auth.READ) as (conn, who):
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            row = history.get_delivery(conn, who.workspace_id, ident)
+            row = api_data.get_delivery(conn, who.workspace_id, ident)
         resp.media = delivery_json(row)
 
 
@@ -121,7 +125,7 @@ class Replay:
         with session(self.ctx, req, auth.WRITE) as (conn, who):
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            row = history.replay(conn, who.workspace_id, ident, self.ctx.config.replays_per_hour)
+            row = api_data.replay(conn, who.workspace_id, ident, self.ctx.replay_budget)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
         resp.media = delivery_json(row)
@@ -138,26 +142,25 @@ class EventDeliveries:
             event = params.event_id(event_id)
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
-            filters = history.DeliveryFilter(event_id=event)
-            rows = history.list_deliveries(conn, who.workspace_id, filters, before, limit + 1, with_attempts=True)
+            filters = api_data.DeliveryFilter(event_id=event)
+            rows = api_data.list_deliveries(conn, who.workspace_id, filters, before, limit + 1, with_attempts=True)
             # An event with no endpoint subscribed has no rows but does exist.
-            if not rows and before is None and not history.event_exists(conn, who.workspace_id, event):
+            if not rows and before is None and not api_data.event_exists(conn, who.workspace_id, event):
                 raise not_found(f"event {event[:80]!r} does not exist")
         resp.media = {"event_id": event, **_page(rows, limit)}
 
 
-def breaker_state(row: dict[str, Any]) -> str:
-    # An open breaker whose open_until has passed lets the next delivery
-    # through as the probe: that is half-open, whatever the row still says.
-    return "half_open" if row["probe_due"] else str(row["state"])
+def breaker_state(row: dict[str, Any], policy: BreakerPolicy) -> str:
+    breaker = EndpointBreaker(row["state"], row["consecutive_failures"], row["open_until_epoch"])
+    return policy.shown_state(breaker, row["db_now"])
 
 
-def endpoint_json(row: dict[str, Any]) -> dict[str, Any]:
+def endpoint_json(row: dict[str, Any], policy: BreakerPolicy) -> dict[str, Any]:
     age = row["oldest_pending_age_seconds"]
     return {
         "id": row["id"], "url": row["url"], "active": row["active"],
         "event_types": list(row["event_types"] or []), "created_at": _ts(row["created_at"]),
-        "breaker": {"state": breaker_state(row), "consecutive_failures": row["consecutive_failures"],
+        "breaker": {"state": breaker_state(row, policy), "consecutive_failures": row["consecutive_failures"],
                     "open_until": _ts(row["open_until"]), "opened_at": _ts(row["opened_at"])},
         "pending": {"count": row["pending_count"], "oldest_created_at": _ts(row["oldest_pending_at"]),
                     "oldest_age_seconds": None if age is None else max(0.0, round(float(age), 3))},
@@ -177,8 +180,8 @@ class Endpoint:
         with session(self.ctx, req, auth.READ) as (conn, who):
             ident = params.path_id(endpoint_id, "endpoint")
             params.only(req)
-            row = history.endpoint_state(conn, who.workspace_id, ident)
-        resp.media = endpoint_json(row)
+            row = api_data.endpoint_state(conn, who.workspace_id, ident)
+        resp.media = endpoint_json(row, self.ctx.breaker)
 
 
 def _recover_window(body: Any, max_age: float) -> tuple[datetime, datetime | None]:
@@ -210,7 +213,7 @@ class Recover:
             ident = params.path_id(endpoint_id, "endpoint")
             params.only(req)
             since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
-            result = history.recover(conn, who.workspace_id, ident, since, until, config.replays_per_hour)
+            result = api_data.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget)
         resp.status = falcon.HTTP_202
         resp.media = {"endpoint_id": ident, "queued": result.queued, "replay_units": result.units,
                       "since": since.isoformat(), "until": _ts(until)}
@@ -224,7 +227,7 @@ class Health:
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         with self.ctx.pool.connection() as conn:
-            history.ping(conn)
+            api_data.ping(conn)
         resp.media = {"status": "ok"}
 
 

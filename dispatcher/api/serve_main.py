@@ -2,17 +2,13 @@
 
 The patching below must stay the first code in this module: any module
 imported before it would keep unpatched ``socket``/``threading`` objects.
-``dispatcher/__init__`` and ``dispatcher/api/__init__`` import nothing, so
-the package imports that ``-m`` performs first are safe.
+``dispatcher/__init__``, ``dispatcher/api/__init__`` and ``dispatcher.entry``
+import nothing that matters, so the imports before the patch are safe.
 """
 
-from gevent import monkey
+from dispatcher.entry import patch_or_exit
 
-monkey.patch_all()
-
-from psycogreen.gevent import patch_psycopg  # noqa: E402
-
-patch_psycopg()
+patch_or_exit("dispatcher api")
 
 import argparse  # noqa: E402
 import logging  # noqa: E402
@@ -23,13 +19,12 @@ from collections.abc import Sequence  # noqa: E402
 import gevent  # noqa: E402
 from gevent.pywsgi import WSGIServer  # noqa: E402
 
-from dispatcher import store  # noqa: E402
 from dispatcher.api.app import create_app  # noqa: E402
-from dispatcher.config import Config, ConfigError, load_config  # noqa: E402
-from dispatcher.embedded import EmbeddedUnavailable, resolve_dsn  # noqa: E402
+from dispatcher.config import Config, load_config  # noqa: E402
+from dispatcher.embedded import resolve_dsn  # noqa: E402
+from dispatcher.entry import check_schema, run_command  # noqa: E402
 from dispatcher.exitcodes import ExitCode  # noqa: E402
 from dispatcher.logsetup import configure_logging  # noqa: E402
-from dispatcher.store import history  # noqa: E402
 
 log = logging.getLogger("dispatcher.api")
 # In-flight requests get this long to finish after SIGTERM/SIGINT.
@@ -37,19 +32,10 @@ SHUTDOWN_GRACE = 5.0
 MAX_OPEN_REQUESTS = 1000
 
 
-def _check_database(config: Config, dsn: str) -> None:
-    """Fail fast at boot on an unreachable or unmigrated database, like every other command."""
-    conn = store.connect(dsn, config.database.connect_timeout, "dispatcher-api")
-    try:
-        if not history.schema_ready(conn):
-            raise store.SchemaOutdated("the API tables are missing; run 'dispatcher -c CONFIG migrate' first")
-    finally:
-        conn.close()
-
-
 def serve(config: Config) -> int:
     dsn = resolve_dsn(config.database)
-    _check_database(config, dsn)
+    # Fail fast at boot on an unreachable or unmigrated database, like every other command.
+    check_schema(config.source, dsn, config.database.connect_timeout, "dispatcher-api")
     app = create_app(config, dsn)
     # Bound the greenlets too: past this many open requests, new connections
     # wait in the listen backlog instead of queueing for the database pool.
@@ -79,26 +65,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dispatcher-api", description="Serve the delivery-history API.")
     parser.add_argument("-c", "--config", required=True, help="YAML config file")
     args = parser.parse_args(argv)
-    try:
+
+    def command() -> int:
         config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"dispatcher: config error ({args.config}): {exc}", file=sys.stderr)
-        return ExitCode.CONFIG
-    configure_logging(config.logging, "api")
-    try:
-        return serve(config)
-    except (store.DatabaseUnavailable, EmbeddedUnavailable) as exc:
-        print(f"dispatcher: {exc}", file=sys.stderr)
-        return ExitCode.DATABASE_UNAVAILABLE
-    except store.SchemaOutdated as exc:
-        print(f"dispatcher: {exc}", file=sys.stderr)
-        return ExitCode.SCHEMA_OUTDATED
-    except store.StoreError as exc:
-        print(f"dispatcher: {exc}", file=sys.stderr)
-        return ExitCode.FAILURE
-    except OSError as exc:  # e.g. the listen address is taken
-        print(f"dispatcher: cannot serve on {config.api.listen[0]}:{config.api.listen[1]}: {exc}", file=sys.stderr)
-        return ExitCode.FAILURE
+        configure_logging(config.logging, "api")
+        try:
+            return serve(config)
+        except OSError as exc:  # e.g. the listen address is taken
+            print(f"dispatcher: cannot serve on {config.api.listen[0]}:{config.api.listen[1]}: {exc}",
+                  file=sys.stderr)
+            return ExitCode.FAILURE
+
+    return run_command(command, "dispatcher", args.config)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
 -- The dispatcher's queries, executed only by dispatcher/store/engine.py.
+-- Rows are read by column name (store.engine builds its row types from
+-- cursor.description), so every output column has a name.
 -- Every due/lease/retry time is computed from the database clock (now()).
 
 -- name: engine_claim
@@ -22,7 +24,8 @@ WITH RECURSIVE token AS (
        SET state = 'half_open', open_until = now() + make_interval(secs => %(lease)s), updated_at = now()
      WHERE s.endpoint_id IN (
             SELECT o.endpoint_id FROM endpoint_state o
-             WHERE o.state <> 'closed' AND o.open_until <= now()
+             -- breaker.BreakerPolicy.admits: a missing deadline counts as lapsed
+             WHERE o.state <> 'closed' AND (o.open_until IS NULL OR o.open_until <= now())
                AND o.endpoint_id <> ALL (%(busy)s::bigint[])
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
@@ -89,7 +92,7 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
        extract(epoch FROM now() - c.created_at)::float8 AS age,
        extract(epoch FROM now())::float8 AS db_now,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
-       (c.ev).type, (c.ev).sequence,
+       (c.ev).type AS event_type, (c.ev).sequence,
        to_char((c.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
        (c.ev).payload::text AS payload,
        (c.ep).url, (c.ep).active, (c.ws).secret,
@@ -146,8 +149,8 @@ ON CONFLICT (endpoint_id) DO NOTHING;
 
 -- name: engine_breaker_lock
 -- Locked in id order so that concurrent flushes never deadlock.
-SELECT endpoint_id, state, consecutive_failures, extract(epoch FROM open_until)::float8,
-       extract(epoch FROM now())::float8
+SELECT endpoint_id, state, consecutive_failures, extract(epoch FROM open_until)::float8 AS open_until,
+       extract(epoch FROM now())::float8 AS db_now
   FROM endpoint_state
  WHERE endpoint_id = ANY (%(endpoint_ids)s::bigint[])
  ORDER BY endpoint_id
@@ -229,7 +232,7 @@ SELECT endpoint_id, state FROM endpoint_state WHERE state <> 'closed' ORDER BY e
 -- name: engine_expired_candidates
 -- Rows of endpoints whose breaker is not closed that may have passed their
 -- retry ceiling; the retry policy (per event type) decides which are dead.
-SELECT d.id, coalesce(ev.type, ''), extract(epoch FROM now() - d.created_at)::float8
+SELECT d.id, coalesce(ev.type, '') AS event_type, extract(epoch FROM now() - d.created_at)::float8 AS age
   FROM endpoint_state s
   JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id AND d.status = 'pending'
   LEFT JOIN events ev ON ev.id = d.event_id

@@ -4,49 +4,42 @@ Queries are data: they live in ``dispatcher/sql/*.sql`` as named blocks and
 the schema in numbered files under ``sql/migrations``.  This module holds the
 connection, the loader, migrations and the producer/admin writes;
 ``store.engine`` holds the dispatcher's claim and result writes and
-``store.history`` the API's reads.  Nothing outside this package runs SQL.
+``store.api_data`` the API's reads.  Nothing outside this package runs SQL.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
 from typing import Any
 
 import psycopg2
-import psycopg2.errors
 import psycopg2.extensions
-import psycopg2.extras
+
+from dispatcher.store.errors import (
+    DatabaseUnavailable,
+    LimitReached,
+    NotFound,
+    QueryRejected,
+    QueryTimeout,
+    SchemaOutdated,
+    StoreError,
+    is_check_violation,
+    translated,
+)
 
 Connection = psycopg2.extensions.connection
 
 
-class StoreError(Exception):
-    """A database problem phrased for one line of output."""
-
-
-class DatabaseUnavailable(StoreError):
-    """The database could not be reached (or the connection was lost)."""
-
-
-class QueryRejected(StoreError):
-    """The database refused a statement (bad data, constraint, ...) but the connection is fine."""
-
-
-class SchemaOutdated(StoreError):
-    """The database lacks migrations this code needs."""
-
-
-class NotFound(StoreError):
-    """The named row does not exist."""
-
-
-class LimitReached(StoreError):
-    """A database-enforced limit refused the write."""
+__all__ = [
+    "QUERIES", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected", "QueryTimeout",
+    "SchemaOutdated", "StoreError", "connect", "query_rows", "run_query", "transaction", "translated",
+]
 
 
 def _load_queries() -> Mapping[str, str]:
@@ -95,9 +88,29 @@ def connect(dsn: str, connect_timeout: float = 5.0, application_name: str = "dis
 
 
 def run_query(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    """Run a named query; rows as tuples, for single-value results (``rows[0][0]``)."""
     with conn.cursor() as cur:
         cur.execute(QUERIES[name], params)
         return cur.fetchall() if cur.description else []
+
+
+def query_rows(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run a named query; each row as a dict keyed by the query's column names,
+    so reordering the SELECT list can never swap two fields."""
+    with conn.cursor() as cur:
+        cur.execute(QUERIES[name], params)
+        if not cur.description:
+            return []
+        names = [column.name for column in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+@contextmanager
+def transaction(conn: Connection) -> Iterator[Connection]:
+    """``with conn:`` (commit, or roll back on error) with driver errors --
+    the commit's included -- raised as the store errors they mean."""
+    with translated(), conn:
+        yield conn
 
 
 def migrate(conn: Connection) -> list[int]:
@@ -107,7 +120,7 @@ def migrate(conn: Connection) -> list[int]:
     migrators, and each re-reads what is applied once it holds the lock.
     """
     applied_now: list[int] = []
-    with conn:
+    with transaction(conn):
         run_query(conn, "migrate_lock")
         run_query(conn, "migrations_table")
         done = {row[0] for row in run_query(conn, "applied_migrations")}
@@ -123,7 +136,7 @@ def migrate(conn: Connection) -> list[int]:
 
 def pending_migrations(conn: Connection) -> list[int]:
     """Versions shipped with this code but not applied to the database."""
-    with conn:
+    with transaction(conn):
         exists = run_query(conn, "migrations_table_exists")[0][0]
         done = {row[0] for row in run_query(conn, "applied_migrations")} if exists else set()
     return [m.version for m in migrations() if m.version not in done]
@@ -131,20 +144,20 @@ def pending_migrations(conn: Connection) -> list[int]:
 
 def create_workspace(conn: Connection, workspace_id: str, secret: str, flags: Mapping[str, Any]) -> bool:
     """Create a workspace (or merge flags into an existing one); True if it existed."""
-    with conn:
+    with transaction(conn):
         rows = run_query(conn, "create_workspace",
                          {"id": workspace_id, "secret": secret, "flags": json.dumps(dict(flags))})
     return bool(rows[0][1])
 
 
 def set_workspace_flags(conn: Connection, workspace_id: str, flags: Mapping[str, Any]) -> None:
-    with conn:
+    with transaction(conn):
         if not run_query(conn, "set_workspace_flag", {"id": workspace_id, "flags": json.dumps(dict(flags))}):
             raise NotFound(f"workspace {workspace_id!r} does not exist")
 
 
 def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) -> None:
-    with conn:
+    with transaction(conn):
         if not run_query(conn, "rotate_workspace_secret", {"id": workspace_id, "secret": secret}):
             raise NotFound(f"workspace {workspace_id!r} does not exist")
 
@@ -152,38 +165,43 @@ def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) ->
 def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str]) -> int:
     """Register an endpoint; the database enforces 10 active per workspace."""
     try:
-        with conn:
+        with transaction(conn):
             if not run_query(conn, "workspace_exists", {"id": workspace_id}):
                 raise NotFound(f"workspace {workspace_id!r} does not exist")
             rows = run_query(conn, "add_endpoint", {"workspace_id": workspace_id, "url": url,
                                                "event_types": list(event_types)})
-    except psycopg2.errors.CheckViolation as exc:
-        raise LimitReached(exc.diag.message_primary or "endpoint limit reached") from None
+    except QueryRejected as exc:
+        raise _limit_or(exc) from None
     return int(rows[0][0])
+
+
+def _limit_or(exc: QueryRejected) -> StoreError:
+    # The 10-active-endpoints trigger raises check_violation (migration 0001).
+    return LimitReached(exc.detail or "endpoint limit reached") if is_check_violation(exc) else exc
 
 
 def set_endpoint_active(conn: Connection, endpoint_id: int, active: bool) -> None:
     try:
-        with conn:
+        with transaction(conn):
             if not run_query(conn, "set_endpoint_active", {"id": endpoint_id, "active": active}):
                 raise NotFound(f"endpoint {endpoint_id} does not exist")
-    except psycopg2.errors.CheckViolation as exc:
-        raise LimitReached(exc.diag.message_primary or "endpoint limit reached") from None
+    except QueryRejected as exc:
+        raise _limit_or(exc) from None
 
 
 def delete_endpoint(conn: Connection, endpoint_id: int) -> None:
-    with conn:
+    with transaction(conn):
         if not run_query(conn, "delete_endpoint", {"id": endpoint_id}):
             raise NotFound(f"endpoint {endpoint_id} does not exist")
 
 
 def delete_workspace_endpoints(conn: Connection, workspace_id: str) -> None:
-    with conn:
+    with transaction(conn):
         run_query(conn, "delete_workspace_endpoints", {"workspace_id": workspace_id})
 
 
 def delivery_status_counts(conn: Connection, endpoint_ids: Sequence[int]) -> dict[str, int]:
-    with conn:
+    with transaction(conn):
         return {str(status): int(n) for status, n in
                 run_query(conn, "delivery_status_counts", {"endpoint_ids": list(endpoint_ids)})}
 

@@ -15,20 +15,15 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from dispatcher.policy import EndpointBreaker
-from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, QueryRejected, connect
-
-# InternalError too: a session that is read-only (a failover target not yet promoted, SQLSTATE
-# 25006) or stuck in a failed transaction is unusable as it is.  Dropping it and backing off
-# like a lost connection lets the worker resume once the server takes writes; letting the
-# error escape would end the claim loop while the process kept heartbeating.
-_LOST = (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.InternalError)
+from dispatcher.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
+from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
+from dispatcher.store.errors import translate
 
 
 def _storable(text: str | None) -> str | None:
@@ -41,6 +36,13 @@ def _storable(text: str | None) -> str | None:
 
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def _named(cur: Any) -> list[dict[str, Any]]:
+    """The cursor's rows keyed by column name: reordering a SELECT list can then
+    never silently swap two fields of the same type."""
+    names = [column.name for column in cur.description]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +103,9 @@ class ManagedConnection:
             try:
                 with conn.cursor() as cur:
                     cur.execute("SET plan_cache_mode = force_custom_plan")
-            except _LOST as exc:
+            except psycopg2.Error as exc:
                 conn.close()
-                self._lost(exc)
+                raise translate(exc) from None
             self._conn = conn
             self._prepared = set()
         return self._conn
@@ -122,10 +124,8 @@ class ManagedConnection:
         try:
             with self._connection().cursor() as cur:
                 yield cur
-        except _LOST as exc:
-            self._lost(exc)
         except psycopg2.Error as exc:
-            _rejected(exc)
+            self._raise(exc)
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -134,21 +134,24 @@ class ManagedConnection:
         try:
             yield tx
             tx.finish()
-        except _LOST as exc:
-            self._lost(exc)
         except psycopg2.Error as exc:
             self._abort()
-            _rejected(exc)
+            self._raise(exc)
         except BaseException:
             self._abort()
             raise
         finally:
             tx.close()
 
-    def _lost(self, exc: BaseException) -> None:
-        self.close()
-        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DatabaseUnavailable(f"database connection lost: {first_line}") from None
+    def _raise(self, exc: psycopg2.Error) -> NoReturn:
+        """Raise the store error ``exc`` means.  A lost connection is dropped
+        (reopened on the next call); a refused statement leaves it usable
+        (autocommit, or rolled back by the caller), and the caller must still
+        be told: an unexpected error class must never end a worker loop."""
+        error = translate(exc)
+        if isinstance(error, DatabaseUnavailable):
+            self.close()
+        raise error from None
 
     def _abort(self) -> None:
         conn = self._conn
@@ -165,16 +168,9 @@ class ManagedConnection:
         if self._conn is not None:
             try:
                 self._conn.close()
-            except _LOST:
+            except psycopg2.Error:
                 pass
         self._conn = None
-
-
-def _rejected(exc: psycopg2.Error) -> None:
-    # The connection survives (autocommit, or rolled back above); callers must
-    # still be told, and must never lose a loop to an unexpected error class.
-    first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    raise QueryRejected(f"database refused the statement ({exc.pgcode or type(exc).__name__}): {first_line}") from None
 
 
 class Transaction:
@@ -196,8 +192,8 @@ class Transaction:
         self._begun = True
         self._committed = commit
 
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        return list(self._cur.fetchall())
+    def fetchall(self) -> list[dict[str, Any]]:
+        return _named(self._cur)
 
     def finish(self) -> None:
         if self._begun and not self._committed:
@@ -248,16 +244,6 @@ class AttemptRecord:
     excerpt: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerWrite:
-    endpoint_id: int
-    previous: EndpointBreaker
-    breaker: EndpointBreaker
-    succeeded: bool
-    failed: bool
-    error: str | None
-
-
 class EngineStore:
     def __init__(self, conn: ManagedConnection) -> None:
         self._conn = conn
@@ -268,7 +254,7 @@ class EngineStore:
                   "after": after, "lease": lease}
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
-            return [ClaimedRow(*row) for row in cur.fetchall()]
+            return [ClaimedRow(**row) for row in _named(cur)]
 
     def record(self, records: Sequence[AttemptRecord]) -> set[int]:
         """Write a batch of results; returns the ids the fence let through."""
@@ -281,9 +267,9 @@ class EngineStore:
             cur.execute(self._conn.prepared(cur, "engine_record"), {"results": json.dumps(rows, separators=(",", ":"))})
             return {row[0] for row in cur.fetchall()}
 
-    def update_breakers(self, endpoint_ids: Sequence[int], decide: Any) -> list[BreakerWrite]:
-        """Lock the endpoints' breaker rows, let ``decide(endpoint_id, breaker, db_now)`` compute
-        each new state (a pure policy), and write them back in the same transaction."""
+    def update_breakers(self, endpoint_ids: Sequence[int], batch: BreakerBatch) -> list[BreakerWrite]:
+        """Lock the endpoints' breaker rows, let ``batch.decide(endpoint_id, breaker, db_now)``
+        compute each new state (the pure rule), and write them back in the same transaction."""
         ids = sorted(set(endpoint_ids))
         with self._conn.transaction() as tx:
             # ensure + lock travel together: one round trip with the BEGIN, and
@@ -291,10 +277,9 @@ class EngineStore:
             tx.execute(QUERIES["engine_breaker_ensure"] + "\n" + QUERIES["engine_breaker_lock"],
                        {"endpoint_ids": ids})
             writes: list[BreakerWrite] = []
-            for endpoint_id, state, failures, open_until, db_now in tx.fetchall():
-                write = decide(endpoint_id, EndpointBreaker(state, failures, open_until), db_now)
-                if write is not None:
-                    writes.append(write)
+            for row in tx.fetchall():
+                stored = EndpointBreaker(row["state"], row["consecutive_failures"], row["open_until"])
+                writes.append(batch.decide(row["endpoint_id"], stored, row["db_now"]))
             if writes:
                 tx.execute(QUERIES["engine_breaker_write"], {
                     "endpoint_ids": [w.endpoint_id for w in writes],
@@ -307,8 +292,9 @@ class EngineStore:
         return writes
 
     def touch_closed_breakers(self, writes: Sequence[BreakerWrite]) -> set[int]:
-        """Write closed -> closed breaker changes where the row is still closed, in one
-        statement (engine_breaker_touch); returns the endpoint ids it wrote."""
+        """Write closed -> closed breaker changes (``BreakerBatch.closed_writes``) where the
+        row is still closed, in one statement (engine_breaker_touch); returns the
+        endpoint ids it wrote."""
         if not writes:
             return set()
         writes = sorted(writes, key=lambda w: w.endpoint_id)  # the order the rows are visited in
@@ -349,8 +335,8 @@ class EngineStore:
     def backlog(self, row_age: float, threshold: int) -> tuple[int, float | None, int]:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_backlog"], {"row_age": row_age, "threshold": threshold})
-            old_rows, oldest_age, open_breakers = cur.fetchone()
-            return int(old_rows), oldest_age, int(open_breakers)
+            (row,) = _named(cur)
+            return int(row["old_rows"]), row["oldest_age"], int(row["open_breakers"])
 
     def open_breakers(self) -> list[tuple[int, str]]:
         with self._conn.statement() as cur:
@@ -360,7 +346,7 @@ class EngineStore:
     def expired_candidates(self, min_ceiling: float, limit: int) -> list[tuple[int, str, float]]:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_expired_candidates"], {"min_ceiling": min_ceiling, "limit": limit})
-            return [(int(r[0]), str(r[1]), float(r[2])) for r in cur.fetchall()]
+            return [(int(r["id"]), str(r["event_type"]), float(r["age"])) for r in _named(cur)]
 
     def prune_deliveries(self, statuses: Sequence[str], older_than: float, batch: int) -> int:
         """Delete up to ``batch`` finished rows created more than ``older_than`` seconds ago."""

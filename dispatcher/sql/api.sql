@@ -1,5 +1,6 @@
 -- Named queries of the HTTP API (dispatcher/api), executed only by
--- dispatcher/store/history.py. Every name starts with api_.
+-- dispatcher/store/api_data.py. Every name starts with api_. Rows are read
+-- by column name, so every output column has a name (an alias where needed).
 -- Optional filters are written "(%(x)s::type IS NULL OR ...)": psycopg2
 -- interpolates on the client, so the planner sees a constant NULL and folds
 -- the unused branch away, and each call still gets the right index.
@@ -8,9 +9,6 @@
 -- Per connection: bound every API statement, and render timestamps in UTC.
 SELECT set_config('statement_timeout', %(statement_timeout)s, false),
        set_config('TimeZone', 'UTC', false);
-
--- name: api_schema_ready
-SELECT to_regclass('api_tokens') IS NOT NULL AND to_regclass('api_replay_ledger') IS NOT NULL;
 
 -- name: api_ping
 SELECT 1;
@@ -26,9 +24,8 @@ SELECT workspace_id, scopes FROM api_tokens
 
 -- name: api_list_deliveries
 -- Keyset pagination on id, newest first: a page is "ids below the cursor",
--- so rows inserted meanwhile (higher ids) never shift later pages. Columns
--- are in history.DELIVERY_COLUMNS order.
-SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
+-- so rows inserted meanwhile (higher ids) never shift later pages.
+SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
        d.last_status_code, d.last_error
   FROM webhook_deliveries d
@@ -44,7 +41,7 @@ SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.
  LIMIT %(limit)s;
 
 -- name: api_get_delivery
-SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
+SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
        d.last_status_code, d.last_error
   FROM webhook_deliveries d
@@ -83,7 +80,7 @@ WITH ins AS (
             0, 'pending', 'live', now(), %(replay_of)s)
     RETURNING *
 )
-SELECT d.id, d.event_id, ev.type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
+SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
        d.last_status_code, d.last_error
   FROM ins d
@@ -101,7 +98,7 @@ WITH expired AS (
     DELETE FROM api_replay_ledger
      WHERE workspace_id = %(workspace_id)s AND at <= now() - interval '1 hour'
 )
-SELECT units, extract(epoch FROM at + interval '1 hour' - now())::float8
+SELECT units, extract(epoch FROM at + interval '1 hour' - now())::float8 AS expires_in
   FROM api_replay_ledger
  WHERE workspace_id = %(workspace_id)s AND at > now() - interval '1 hour'
  ORDER BY at, id;
@@ -110,14 +107,18 @@ SELECT units, extract(epoch FROM at + interval '1 hour' - now())::float8
 INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(units)s);
 
 -- name: api_endpoint
--- Columns are in history.ENDPOINT_COLUMNS order. No endpoint_state row means
--- the engine never recorded a failure: closed, zero failures. The pending
--- aggregate walks the endpoint's slice of webhook_deliveries_due.
+-- No endpoint_state row means the engine never recorded a failure: closed,
+-- zero failures. The pending aggregate walks the endpoint's slice of
+-- webhook_deliveries_due.
 SELECT e.id, e.url, e.active, e.event_types, e.created_at,
-       coalesce(s.state, 'closed'), coalesce(s.consecutive_failures, 0),
-       s.open_until, s.opened_at, coalesce(s.state = 'open' AND s.open_until <= now(), false),
+       coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,
+       s.open_until, s.opened_at,
+       -- The shown state is the breaker rule's (breaker.BreakerPolicy.shown_state),
+       -- decided in Python from these and the database clock.
+       extract(epoch FROM s.open_until)::float8 AS open_until_epoch, extract(epoch FROM now())::float8 AS db_now,
        s.last_success_at, s.last_failure_at, s.last_error,
-       p.pending, p.oldest, extract(epoch FROM now() - p.oldest)::float8
+       p.pending AS pending_count, p.oldest AS oldest_pending_at,
+       extract(epoch FROM now() - p.oldest)::float8 AS oldest_pending_age_seconds
   FROM webhook_endpoints e
   LEFT JOIN endpoint_state s ON s.endpoint_id = e.id
  CROSS JOIN LATERAL (
