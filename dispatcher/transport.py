@@ -527,7 +527,8 @@ class _PinnedHTTPSPool(_QuietPutMixin, HTTPSConnectionPool):
 
 
 class Urllib3Transport(_BaseTransport):
-    """The design default: urllib3 pools with a pinned-IP connection class."""
+    """urllib3 pools with a pinned-IP connection class (``http.client: urllib3``); the
+    default client is geventhttpclient, measured faster (docs/benchmarks.md)."""
 
     def _new_pool(self, target: Target, ip: str) -> HTTPConnectionPool:
         common: dict[str, Any] = {

@@ -2,9 +2,11 @@
 
 The process holding the region's advisory lock (session-level, so it passes
 to another process when its connection dies) evaluates the backlog alert,
-publishes the breaker gauges and sweeps rows whose retry window ran out while
+publishes the breaker gauges, sweeps rows whose retry window ran out while
 their endpoint's breaker was open (claims skip those rows, so nothing else
-would ever end them).
+would ever end them), and applies retention (decisions Q2): dead and failed
+rows, delivered rows and attempt history are pruned in batches once they are
+older than ``retention.*``.
 """
 
 from __future__ import annotations

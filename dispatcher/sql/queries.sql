@@ -1,4 +1,5 @@
--- Named queries, executed only by dispatcher/store.py.
+-- Named queries of the producer, migrations and admin commands, executed only
+-- by dispatcher/store/__init__.py.
 -- Each block starts with "-- name: <name>"; parameters are psycopg2 %(name)s.
 
 -- name: migrations_table
