@@ -282,13 +282,6 @@ class BreakerConfig:
         return BreakerPolicy(failure_threshold=self.failure_threshold, open_for=self.open_for)
 
 
-_SECTIONS: dict[str, type] = {
-    "database": DatabaseConfig, "workers": WorkersConfig, "http": HttpConfig, "retry": RetryConfig,
-    "breaker": BreakerConfig, "statsd": StatsdConfig, "alerts": AlertsConfig, "retention": RetentionConfig,
-    "api": ApiConfig, "producer": ProducerConfig, "notifier": NotifierConfig, "logging": LoggingConfig,
-}
-
-
 @dataclass(frozen=True)
 class Config:
     region: str = setting("local", _region, "region name; each region runs its own dispatchers and database (Q4)")
@@ -306,6 +299,11 @@ class Config:
     notifier: NotifierConfig = field(default_factory=NotifierConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     source: str = field(default="<defaults>", compare=False)
+
+
+# The sections are Config's fields made with a default_factory, each its section's class.
+_SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)  # type: ignore[misc]
+                              if f.default_factory is not dataclasses.MISSING}
 
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
