@@ -34,7 +34,7 @@ from benchmarks.harness import (
     process_tree,
     seed_endpoints,
 )
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 
 KINDS = ("urllib3", "geventhttpclient")
 

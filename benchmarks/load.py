@@ -43,7 +43,7 @@ from benchmarks.harness import (
     wal_lsn,
     workdir,
 )
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 
 PRODUCER_THREADS = 8
 

@@ -29,8 +29,8 @@ from benchmarks.harness import (
 )
 from dispatcher import Event, WebhookSender
 from dispatcher.config import config_from_mapping
-from dispatcher.receiver import ReceiverProcess
 from dispatcher.store import history
+from dispatcher_devtools.receiver import ReceiverProcess
 
 
 def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from benchmarks.harness import (
     wal_lsn,
     workdir,
 )
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 
 TARGET_PER_SECOND = 5000.0
 

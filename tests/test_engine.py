@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from dispatcher.receiver import ReceiverProcess
 from dispatcher.signing import as_standard_secret
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,6 +1,6 @@
-"""Loopback tests of the mock webhook receiver (``dispatcher.receiver``).
+"""Loopback tests of the mock webhook receiver (``dispatcher_devtools.receiver``).
 
-Every test talks to a real ``python -m dispatcher.receiver`` subprocess over
+Every test talks to a real ``python -m dispatcher_devtools.receiver`` subprocess over
 127.0.0.1.  Tests use their own endpoint keys, so they can share one receiver.
 """
 
@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess, closed_port_url, signed_headers
 from dispatcher.signing import as_standard_secret
+from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url, signed_headers
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from dispatcher.exitcodes import ExitCode
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support.engine import REPO, SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

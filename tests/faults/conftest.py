@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support.engine import SECRET
 
 

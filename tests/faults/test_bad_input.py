@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support import run_green
 from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support.faults import settle

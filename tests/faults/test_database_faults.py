@@ -15,7 +15,7 @@ import psycopg2
 import pytest
 
 from dispatcher import Event, WebhookSender, load_config, store
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support.faults import ThrowawayPostgres, settle, terminate_dispatcher_sessions
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support import LoopbackServer, Request, responder, response
 from tests.support.engine import Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support.faults import settle

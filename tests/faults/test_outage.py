@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess, closed_port_url
+from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 from tests.support.engine import Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support.faults import ApiServer, create_token, settle
 

@@ -25,7 +25,7 @@ from dispatcher.config import DSN_ENV, Config
 from dispatcher.embedded import resolve_dsn
 from dispatcher.exitcodes import ExitCode
 from dispatcher.producer import Event, WebhookSender
-from dispatcher.receiver import ReceiverProcess, closed_port_url
+from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 
 WORKSPACE = "demo"
 SECRET = "whsec_ZGVtby1zZWNyZXQtZm9yLWxvY2FsLW9ubHktMDEyMzQ1"
