@@ -15,8 +15,8 @@ import pytest
 from standardwebhooks import Webhook
 
 from dispatcher.signing import as_standard_secret
+from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 from dispatcher_devtools.receiver import ReceiverProcess
-from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
