@@ -1,7 +1,7 @@
 """A fast local mock webhook receiver for the demo, the tests and the benchmarks.
 
 Run it as ``python -m dispatcher_devtools.receiver --listen 127.0.0.1:0 [--secret S ...]
-[--profiles FILE.yaml] [--processes N] [--ready-file PATH] [--seed N]``, or from
+[--profiles FILE.yaml] [--processes N] [--ready-file PATH] [--seed N] [--export-ids FILE]``, or from
 Python through :class:`ReceiverProcess`.
 
 Delivery URLs are ``/<profile>/<endpoint-key>?<params>``.  The profile name gives
@@ -29,8 +29,13 @@ optionally ``profile: <base name>``) and those posted to ``/_profile/<key>``
 replace the URL's profile for that key; runtime ones win over the file.
 
 Control routes (never counted): ``GET /_healthz``, ``GET /_stats[?fast=1]``,
-``POST /_reset[?profiles=1]``, ``GET /_deliveries`` (CSV), and
-``GET|POST|DELETE /_profile/<key>``.
+``POST /_reset[?profiles=1]``, ``GET /_deliveries`` (CSV),
+``GET|POST|DELETE /_profile/<key>``, and ``POST /_export_ids``.
+
+``--export-ids FILE`` writes the distinct ``webhook-id`` values (the event ids,
+which the ``Idempotency-Key`` repeats) of every verified delivery received, on
+any endpoint and whatever the answer, one per line and sorted: at shutdown and
+on ``POST /_export_ids``.  A rollout gate compares the file with the database.
 
 Every delivery must carry a Standard Webhooks signature that verifies against
 one of the ``--secret`` values (401 otherwise); without secrets nothing is

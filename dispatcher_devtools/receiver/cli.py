@@ -42,6 +42,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="seed for the random latencies and errors")
     parser.add_argument("--max-endpoints", type=int, default=DEFAULT_MAX_ENDPOINTS)
     parser.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
+    parser.add_argument("--export-ids", metavar="FILE",
+                        help="write the received webhook ids here, one per line, at shutdown and on POST /_export_ids")
     options = parser.parse_args(argv)
     if options.processes < 1:
         parser.error("--processes must be at least 1")

@@ -95,8 +95,11 @@ class ReceiverProcess:
         self, secrets: Sequence[str] = (), *, profiles: Mapping[str, Any] | str | Path | None = None,
         processes: int = 1, seed: int | None = None, max_endpoints: int | None = None,
         startup_timeout: float = 20.0, control_timeout: float = 120.0, port: int = 0,
+        export_ids: str | Path | None = None,
     ) -> None:
         self.secrets = [secrets] if isinstance(secrets, str) else list(secrets)
+        # Absolute: the receiver's working directory need not be ours.
+        self.export_path = None if export_ids is None else Path(export_ids).absolute()
         self._profiles = profiles
         self._processes = processes
         self._seed = seed
@@ -150,6 +153,8 @@ class ReceiverProcess:
             command += ["--seed", str(self._seed)]
         if self._max_endpoints is not None:
             command += ["--max-endpoints", str(self._max_endpoints)]
+        if self.export_path is not None:
+            command += ["--export-ids", str(self.export_path)]
         if isinstance(self._profiles, Mapping):
             path = workdir / "profiles.yaml"
             path.write_text(json.dumps(self._profiles), encoding="utf-8")  # JSON is YAML
@@ -179,6 +184,11 @@ class ReceiverProcess:
 
     def stop(self) -> None:
         """SIGTERM the receiver's process group, then SIGKILL whatever is left."""
+        if self.export_path is not None and self.running:
+            # The group-wide SIGTERM below reaches --processes N children before their
+            # supervisor could ask them for their ids, so export while all are alive.
+            with contextlib.suppress(OSError, RuntimeError):
+                self.export_ids()
         process, self._process = self._process, None
         if process is not None:
             if process.stdin is not None:
@@ -277,6 +287,12 @@ class ReceiverProcess:
             return
         spec = {"profile": profile} if isinstance(profile, str) else dict(profile)
         self._json("POST", f"/_profile/{quote(key, safe='')}", json.dumps(spec).encode())
+
+    def export_ids(self) -> int:
+        """Write every id received so far to the ``export_ids`` file now; returns how many."""
+        if self.export_path is None:
+            raise RuntimeError("this receiver was started without export_ids")
+        return int(self._json("POST", "/_export_ids")["ids"])
 
     def reset(self, *, profiles: bool = False) -> None:
         """Forget all counters (and the runtime profile overrides when ``profiles``)."""

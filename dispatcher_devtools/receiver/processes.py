@@ -25,11 +25,12 @@ from gevent.event import AsyncResult, Event
 from gevent.lock import Semaphore
 from gevent.server import StreamServer
 
-from dispatcher_devtools.receiver.counters import InFlight, State, merge_rows, merge_stats
+from dispatcher_devtools.receiver.counters import InFlight, State, merge_rows, merge_stats, write_ids
 from dispatcher_devtools.receiver.profiles import Profile
 from dispatcher_devtools.receiver.server import LocalLink, Server
 
 CALL_TIMEOUT: Final = 120.0           # a /_stats over 10^6 ids across processes takes seconds
+EXPORT_TIMEOUT: Final = 30.0          # at shutdown: long enough for 10^6 ids, short enough not to hang a stop
 
 _FRAME: Final = struct.Struct("!Q")
 
@@ -156,7 +157,8 @@ def _new_rng(seed: int | None, row: int) -> random.Random:
 def run_single(options: argparse.Namespace, keys: Sequence[bytes], profiles: Mapping[str, Profile]) -> int:
     started = time.time()
     state = State(InFlight(1, options.max_endpoints), profiles)
-    server = Server(state, LocalLink(state, started), keys, _new_rng(options.seed, 0))
+    server = Server(state, LocalLink(state, started), keys, _new_rng(options.seed, 0),
+                    export_path=options.export_ids)
     host, port = options.listen
     listener = _listen_socket(host, port, reuse_port=False)
     stream = StreamServer(listener, server.handle)
@@ -166,6 +168,8 @@ def run_single(options: argparse.Namespace, keys: Sequence[bytes], profiles: Map
     _announce(host, listener.getsockname()[1], options.ready_file, 1)
     stop.wait()
     stream.stop(timeout=1)
+    if options.export_ids:
+        server.export_ids()  # the final list, once no request is being served any more
     return 0
 
 
@@ -179,7 +183,7 @@ def _run_child(
     state = State(gauge, profiles)
     link = ChildLink(channel, state)
     state.allocate = link.slot
-    server = Server(state, link, keys, _new_rng(options.seed, row))
+    server = Server(state, link, keys, _new_rng(options.seed, row), export_path=options.export_ids)
     # One SO_REUSEPORT socket per child: the kernel spreads connections evenly,
     # where a single shared socket lets whichever process wakes first take a burst.
     listener = _listen_socket(options.listen[0], port, reuse_port=True)
@@ -217,8 +221,20 @@ class _Supervisor:
         else:
             self._failed = True
         self._stopping = True
+        if options.export_ids and not self._failed:
+            self._export_at_shutdown(options.export_ids)
         healthy = self._terminate()
         return 0 if healthy and not self._failed else 1
+
+    def _export_at_shutdown(self, path: str) -> None:
+        """Ask the children for their ids before stopping them.  A group-wide
+        SIGTERM may have killed them already: then there is nothing to ask, and
+        ReceiverProcess exports over the control route before it signals."""
+        try:
+            with gevent.Timeout(EXPORT_TIMEOUT):
+                write_ids(path, self._fan_out("ids", None))
+        except (OSError, gevent.Timeout) as exc:
+            print(f"receiver: ids not exported at shutdown: {exc!r}", file=sys.stderr)
 
     def _read(self, row: int, channel: Channel) -> None:
         while (message := channel.recv()) is not None:
@@ -267,6 +283,8 @@ class _Supervisor:
             return merge_stats(results, self._started, (usage.ru_utime, usage.ru_stime), levels)
         if op == "deliveries":
             return merge_rows(results)
+        if op == "ids":
+            return results  # one blob per child; write_ids merges them
         return None
 
     def _terminate(self) -> bool:

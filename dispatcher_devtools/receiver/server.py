@@ -16,7 +16,15 @@ from urllib.parse import parse_qsl, unquote
 import gevent
 
 from dispatcher.signing import verify
-from dispatcher_devtools.receiver.counters import EndpointCounters, Row, Seen, State, csv_lines, merge_stats
+from dispatcher_devtools.receiver.counters import (
+    EndpointCounters,
+    Row,
+    Seen,
+    State,
+    csv_lines,
+    merge_stats,
+    write_ids,
+)
 from dispatcher_devtools.receiver.profiles import (
     BASE_PROFILES,
     QUERY_ALIASES,
@@ -56,7 +64,10 @@ class LocalLink:
             return merge_stats([self._state.snapshot(with_ids=False)], self._started)
         if op == "deliveries":
             return self._state.rows()  # streamed straight from the live counters
+        if op == "ids":
+            return [self._state.ids_blob()]  # one blob per serving process, as the supervisor answers
         return self._state.apply(op, arg)
+
 
 # --------------------------------------------------------------------------- serving
 
@@ -64,7 +75,9 @@ class LocalLink:
 class Server:
     """The connection handler: a lean HTTP/1.1 loop per connection."""
 
-    def __init__(self, state: State, link: Link, keys: Sequence[bytes], rng: random.Random) -> None:
+    def __init__(self, state: State, link: Link, keys: Sequence[bytes], rng: random.Random, *,
+                 export_path: str | None = None) -> None:
+        self._export_path = export_path
         self._state = state
         self._link = link
         self._keys = tuple(keys)
@@ -211,6 +224,8 @@ class Server:
         elif route == (b"POST", b"/_reset"):
             self._link.call("reset", as_bool(query.get("profiles", "0")))
             self._send_json(sock, {"reset": True}, keep)
+        elif route == (b"POST", b"/_export_ids"):
+            self._send_json(sock, {"path": self._export_path, "ids": self.export_ids()}, keep)
         elif route == (b"GET", b"/_deliveries"):
             send_rows(sock, self._link.call("deliveries", None), not keep)
         elif path.startswith(b"/_profile/") and len(path) > len(b"/_profile/"):
@@ -239,6 +254,12 @@ class Server:
             raise HttpError(405)
         self._link.call("profile", (key, spec))
         self._send_json(sock, {"key": key, "profile": spec}, keep)
+
+    def export_ids(self) -> int:
+        """Write every serving process's received ids to the --export-ids file; how many."""
+        if self._export_path is None:
+            raise HttpError(404)  # started without --export-ids
+        return write_ids(self._export_path, self._link.call("ids", None))
 
     @staticmethod
     def _send_json(sock: socket.socket, document: Any, keep: bool) -> None:
