@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import trustme
 
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import REPO, wait_until
@@ -458,3 +460,52 @@ def test_the_command_line_exports_ids_when_terminated(tmp_path: Path, processes:
             process.wait()
     assert process.returncode == 0, stderr
     assert path.read_text().splitlines() == [f"evt_{n}" for n in range(6)]
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, Path, Path]:
+    """A throw-away CA and a receiver certificate for 127.0.0.1 and localhost."""
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key = directory / "receiver.pem", directory / "receiver.key"
+    for blob in issued.cert_chain_pems:
+        blob.write_to_path(str(cert), append=True)
+    issued.private_key_pem.write_to_path(str(key))
+    return ca, cert, key
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_tls_receiver_counts_a_delivery_from_a_client_trusting_its_ca(
+        tls_files: tuple[trustme.CA, Path, Path], processes: int) -> None:
+    ca, cert, key = tls_files
+    with ReceiverProcess([SECRET], tls_cert=cert, tls_key=key, processes=processes) as receiver:
+        url = receiver.url("ok", "tls")
+        assert url.startswith("https://127.0.0.1:")
+        trusting = ssl.create_default_context()
+        ca.configure_trust(trusting)
+        connection = http.client.HTTPSConnection(receiver.host, receiver.port, timeout=30, context=trusting)
+        try:
+            status, _ = post(url, signed_headers(SECRET, "evt_tls", BODY), connection=connection)
+            assert connection.sock is not None and connection.sock.version() is not None  # really TLS
+        finally:
+            connection.close()
+        assert status == 200
+        assert receiver.endpoint("tls")["count"] == 1
+
+        untrusting = ssl.create_default_context()  # the system's CAs only: ours is not among them
+        refused = http.client.HTTPSConnection(receiver.host, receiver.port, timeout=30, context=untrusting)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            post(url, signed_headers(SECRET, "evt_untrusted", BODY), connection=refused)
+        refused.close()
+        assert receiver.healthy()  # a failed handshake costs the receiver nothing
+        assert receiver.stats()["total"] == 1
+
+
+def test_tls_needs_both_the_certificate_and_the_key(tls_files: tuple[trustme.CA, Path, Path]) -> None:
+    _, cert, _ = tls_files
+    with pytest.raises(ValueError, match="go together"):
+        ReceiverProcess(tls_cert=cert)

@@ -1,7 +1,8 @@
 """A fast local mock webhook receiver for the demo, the tests and the benchmarks.
 
 Run it as ``python -m dispatcher_devtools.receiver --listen 127.0.0.1:0 [--secret S ...]
-[--profiles FILE.yaml] [--processes N] [--ready-file PATH] [--seed N] [--export-ids FILE]``, or from
+[--profiles FILE.yaml] [--processes N] [--ready-file PATH] [--seed N] [--export-ids FILE]
+[--tls-cert FILE --tls-key FILE]``, or from
 Python through :class:`ReceiverProcess`.
 
 Delivery URLs are ``/<profile>/<endpoint-key>?<params>``.  The profile name gives
@@ -36,6 +37,9 @@ Control routes (never counted): ``GET /_healthz``, ``GET /_stats[?fast=1]``,
 which the ``Idempotency-Key`` repeats) of every verified delivery received, on
 any endpoint and whatever the answer, one per line and sorted: at shutdown and
 on ``POST /_export_ids``.  A rollout gate compares the file with the database.
+
+With ``--tls-cert``/``--tls-key`` it serves HTTPS (every process, every route)
+with that certificate, for tests of the dispatcher's certificate checks.
 
 Every delivery must carry a Standard Webhooks signature that verifies against
 one of the ``--secret`` values (401 otherwise); without secrets nothing is

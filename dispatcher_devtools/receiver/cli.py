@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import resource
+import ssl
 from collections.abc import Sequence
 from typing import Final
 
@@ -42,11 +43,15 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, help="seed for the random latencies and errors")
     parser.add_argument("--max-endpoints", type=int, default=DEFAULT_MAX_ENDPOINTS)
     parser.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF")
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (chain), PEM")
+    parser.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert, PEM")
     parser.add_argument("--export-ids", metavar="FILE",
                         help="write the received webhook ids here, one per line, at shutdown and on POST /_export_ids")
     options = parser.parse_args(argv)
     if options.processes < 1:
         parser.error("--processes must be at least 1")
+    if bool(options.tls_cert) != bool(options.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
     return options
 
 
@@ -64,7 +69,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     _raise_file_limit()
     keys = tuple(dict.fromkeys(secret_key(secret) for secret in options.secret))
     profiles = load_profile_file(options.profiles) if options.profiles else {}
+    tls = _tls_context(options.tls_cert, options.tls_key)
     if options.processes == 1:
-        return run_single(options, keys, profiles)
-    return run_supervisor(options, keys, profiles)
+        return run_single(options, keys, profiles, tls)
+    return run_supervisor(options, keys, profiles, tls)
+
+
+def _tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The server context, loaded once before any fork (a bad file fails the start, not a child)."""
+    if not cert or not key:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
 

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -95,8 +96,12 @@ class ReceiverProcess:
         self, secrets: Sequence[str] = (), *, profiles: Mapping[str, Any] | str | Path | None = None,
         processes: int = 1, seed: int | None = None, max_endpoints: int | None = None,
         startup_timeout: float = 20.0, control_timeout: float = 120.0, port: int = 0,
-        export_ids: str | Path | None = None,
+        export_ids: str | Path | None = None, tls_cert: str | Path | None = None, tls_key: str | Path | None = None,
     ) -> None:
+        if (tls_cert is None) != (tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        self._tls = None if tls_cert is None or tls_key is None else (Path(tls_cert).absolute(),
+                                                                       Path(tls_key).absolute())
         self.secrets = [secrets] if isinstance(secrets, str) else list(secrets)
         # Absolute: the receiver's working directory need not be ours.
         self.export_path = None if export_ids is None else Path(export_ids).absolute()
@@ -155,6 +160,8 @@ class ReceiverProcess:
             command += ["--max-endpoints", str(self._max_endpoints)]
         if self.export_path is not None:
             command += ["--export-ids", str(self.export_path)]
+        if self._tls is not None:
+            command += ["--tls-cert", str(self._tls[0]), "--tls-key", str(self._tls[1])]
         if isinstance(self._profiles, Mapping):
             path = workdir / "profiles.yaml"
             path.write_text(json.dumps(self._profiles), encoding="utf-8")  # JSON is YAML
@@ -221,7 +228,7 @@ class ReceiverProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self.host}:{self.port}"
 
     def url(self, profile: str, key: str, **params: Any) -> str:
         """``url("error", "ep1", rate=0.5)`` -> ``http://127.0.0.1:P/error/ep1?rate=0.5``."""
@@ -230,8 +237,18 @@ class ReceiverProcess:
         query = urlencode({k: _query_value(v) for k, v in params.items()})
         return f"{self.base_url}/{profile}/{quote(key, safe='')}" + (f"?{query}" if query else "")
 
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._tls is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self._control_timeout)
+        # Control requests go to our own child on loopback, whose certificate may come
+        # from any CA (the test's): there is nothing to verify it against, nor a need to.
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return http.client.HTTPSConnection(self.host, self.port, timeout=self._control_timeout, context=context)
+
     def _request(self, method: str, path: str, body: bytes | None = None) -> http.client.HTTPResponse:
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=self._control_timeout)
+        connection = self._connection()
         headers = {"Content-Type": "application/json"} if body is not None else {}
         connection.request(method, path, body=body, headers=headers)
         response = connection.getresponse()

@@ -13,6 +13,7 @@ import random
 import resource
 import signal
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -154,11 +155,12 @@ def _new_rng(seed: int | None, row: int) -> random.Random:
     return random.Random(None if seed is None else seed * 1000 + row)
 
 
-def run_single(options: argparse.Namespace, keys: Sequence[bytes], profiles: Mapping[str, Profile]) -> int:
+def run_single(options: argparse.Namespace, keys: Sequence[bytes], profiles: Mapping[str, Profile],
+               tls: ssl.SSLContext | None = None) -> int:
     started = time.time()
     state = State(InFlight(1, options.max_endpoints), profiles)
     server = Server(state, LocalLink(state, started), keys, _new_rng(options.seed, 0),
-                    export_path=options.export_ids)
+                    export_path=options.export_ids, tls=tls)
     host, port = options.listen
     listener = _listen_socket(host, port, reuse_port=False)
     stream = StreamServer(listener, server.handle)
@@ -175,7 +177,7 @@ def run_single(options: argparse.Namespace, keys: Sequence[bytes], profiles: Map
 
 def _run_child(
     options: argparse.Namespace, row: int, channel: Channel, gauge: InFlight,
-    keys: Sequence[bytes], profiles: Mapping[str, Profile], port: int,
+    keys: Sequence[bytes], profiles: Mapping[str, Profile], port: int, tls: ssl.SSLContext | None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the supervisor handles ^C
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -183,7 +185,7 @@ def _run_child(
     state = State(gauge, profiles)
     link = ChildLink(channel, state)
     state.allocate = link.slot
-    server = Server(state, link, keys, _new_rng(options.seed, row), export_path=options.export_ids)
+    server = Server(state, link, keys, _new_rng(options.seed, row), export_path=options.export_ids, tls=tls)
     # One SO_REUSEPORT socket per child: the kernel spreads connections evenly,
     # where a single shared socket lets whichever process wakes first take a burst.
     listener = _listen_socket(options.listen[0], port, reuse_port=True)
@@ -314,7 +316,8 @@ def _signal_quietly(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def run_supervisor(options: argparse.Namespace, keys: Sequence[bytes], profiles: Mapping[str, Profile]) -> int:
+def run_supervisor(options: argparse.Namespace, keys: Sequence[bytes], profiles: Mapping[str, Profile],
+                   tls: ssl.SSLContext | None = None) -> int:
     host, port = options.listen
     # Bound but never listening: it reserves the port (port 0 picks it) and, not
     # being in the accept group, never receives a connection itself.
@@ -333,7 +336,7 @@ def run_supervisor(options: argparse.Namespace, keys: Sequence[bytes], profiles:
                     parent_end.close()
                     if other != row:
                         child_end.close()
-                _run_child(options, row, Channel(pairs[row][1]), gauge, keys, profiles, port)
+                _run_child(options, row, Channel(pairs[row][1]), gauge, keys, profiles, port, tls)
                 code = 0  # the supervisor went away
             except BaseException:  # a child must never return into the supervisor's code
                 import traceback

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
@@ -76,8 +77,9 @@ class Server:
     """The connection handler: a lean HTTP/1.1 loop per connection."""
 
     def __init__(self, state: State, link: Link, keys: Sequence[bytes], rng: random.Random, *,
-                 export_path: str | None = None) -> None:
+                 export_path: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._export_path = export_path
+        self._tls = tls
         self._state = state
         self._link = link
         self._keys = tuple(keys)
@@ -88,10 +90,14 @@ class Server:
         buf = bytearray()
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                # The handshake runs here, in the connection's own greenlet: a client
+                # that stalls or refuses our certificate holds up nobody else.
+                sock = self._tls.wrap_socket(sock, server_side=True)
             while self._serve_one(sock, buf):
                 pass
         except OSError:
-            pass  # the client went away mid-exchange; there is nobody to answer
+            pass  # the client went away mid-exchange (or failed the handshake); there is nobody to answer
         finally:
             sock.close()
 
