@@ -24,16 +24,21 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.harness import BenchDatabase, insert_backlog, percentile, seed_endpoints
+from benchmarks.harness import (
+    bench_database,
+    insert_backlog,
+    percentile,
+)
 from dispatcher.store import QUERIES
 from dispatcher.store.engine import AttemptRecord, EngineStore, ManagedConnection
+from dispatcher_devtools.kit import Database, seed_endpoints
 
 WORKSPACES = 100
 ENDPOINTS_PER_WORKSPACE = 10
 CLAIMS = 30
 
 
-def _measure(db: BenchDatabase, store: EngineStore, cursor: int, claims: int) -> tuple[dict[str, Any], int]:
+def _measure(db: Database, store: EngineStore, cursor: int, claims: int) -> tuple[dict[str, Any], int]:
     claim_s: list[float] = []
     record_s: list[float] = []
     rows_claimed = 0
@@ -69,7 +74,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-def _explain(db: BenchDatabase, cursor: int) -> dict[str, Any]:
+def _explain(db: Database, cursor: int) -> dict[str, Any]:
     """EXPLAIN (ANALYZE, BUFFERS) of one claim and of the result write of its rows."""
     conn = db.connect()
     try:
@@ -114,7 +119,7 @@ def _explain(db: BenchDatabase, cursor: int) -> dict[str, Any]:
 
 def growth(sizes: list[int], payload_bytes: int = 1024) -> list[dict[str, Any]]:
     out = []
-    with BenchDatabase("backlog") as db:
+    with bench_database("backlog") as db:
         seed_endpoints(db.connect(), [[f"http://127.0.0.1:9/ok/e{w}-{i}" for i in range(ENDPOINTS_PER_WORKSPACE)]
                                       for w in range(WORKSPACES)])
         store = EngineStore(ManagedConnection(db.dsn, "dispatcher backlog probe"))

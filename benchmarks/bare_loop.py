@@ -12,26 +12,20 @@ instead measures one HTTP client alone: 32 greenlets POSTing a 1 KiB body to
 ``URL`` for ``S`` seconds, and prints ``{"requests": n, "seconds": s}``.
 """
 
-from gevent import monkey
+import dispatcher_devtools.green  # noqa: F401, I001  -- first: the dev tools' one patch preamble
 
-monkey.patch_all()
+import argparse
+import json
+import sys
+import time
 
-from psycogreen.gevent import patch_psycopg  # noqa: E402
+import gevent
+import gevent.event
+import gevent.pool
+import psycopg2
 
-patch_psycopg()
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-import gevent  # noqa: E402
-import gevent.event  # noqa: E402
-import gevent.pool  # noqa: E402
-import psycopg2  # noqa: E402
-
-from dispatcher.netguard import OutboundPolicy  # noqa: E402
-from dispatcher.transport import make_transport  # noqa: E402
+from dispatcher.netguard import OutboundPolicy
+from dispatcher.transport import make_transport
 
 CLAIM = """
 WITH c AS (
@@ -128,7 +122,7 @@ def probe(url: str, kind: str, seconds: float, concurrency: int = 32, secret: st
     body = b'{"pad":"' + b"x" * 1000 + b'"}'
     headers = {"webhook-id": "probe", "Content-Type": "application/json"}
     if secret:  # one signed header set: the receiver verifies every request all the same
-        from dispatcher.receiver import signed_headers
+        from dispatcher_devtools.receiver import signed_headers
 
         headers = signed_headers(secret, "probe", body)
     count = [0]

@@ -25,16 +25,14 @@ from typing import Any
 
 from benchmarks.harness import (
     REPO,
-    SECRET,
-    BenchDatabase,
     CpuMeter,
     PostgresProcesses,
+    bench_database,
     cpu_split,
     insert_backlog,
-    process_tree,
-    seed_endpoints,
 )
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.kit import SECRET, process_tree, seed_endpoints
+from dispatcher_devtools.receiver import ReceiverProcess
 
 KINDS = ("urllib3", "geventhttpclient")
 
@@ -93,7 +91,7 @@ def receiver_ceiling(seconds: float) -> dict[str, Any]:
 
 
 def bare_loop(events: int, workspaces: int = 100, processes: int = 2) -> dict[str, Any]:
-    with BenchDatabase("ceiling") as db, ReceiverProcess() as receiver:
+    with bench_database("ceiling") as db, ReceiverProcess() as receiver:
         seed_endpoints(db.connect(), [[receiver.url("ok", f"ep{w}-{i}") for i in range(10)]
                                       for w in range(workspaces)])
         conn = db.connect()

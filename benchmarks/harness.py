@@ -9,37 +9,38 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 import psycopg2
 import psycopg2.extensions
-import yaml
 
-from dispatcher import store
+from dispatcher_devtools.kit import (
+    SECRET,
+    Database,
+    Dispatcher,
+    WaitTimeout,
+    bench_config,
+    process_tree,
+    scratch_database,
+    wait_until,
+    write_config,
+)
+from dispatcher_devtools.receiver import ReceiverProcess
 
 REPO = Path(__file__).resolve().parent.parent
-SECRET = "whsec_" + "YmVuY2htYXJrLXNlY3JldC1mb3ItbG9jYWwtb25seQ=="
 DEFAULT_SERVER_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def server_dsn() -> str:
     return os.environ.get("BENCH_PG_DSN", DEFAULT_SERVER_DSN)
-
-
-def with_dbname(dsn: str, dbname: str) -> str:
-    params = psycopg2.extensions.parse_dsn(dsn)
-    params["dbname"] = dbname
-    return psycopg2.extensions.make_dsn(**params)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -86,79 +87,10 @@ def machine() -> dict[str, Any]:
 # --------------------------------------------------------------------------- database
 
 
-class BenchDatabase:
-    """A fresh migrated database for one scenario, dropped on exit."""
-
-    def __init__(self, label: str) -> None:
-        self.name = f"bench_{label}_{os.getpid()}"
-        self.dsn = with_dbname(server_dsn(), self.name)
-
-    def __enter__(self) -> BenchDatabase:
-        self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        self._admin(f'CREATE DATABASE "{self.name}"')
-        conn = self.connect()
-        try:
-            store.migrate(conn)
-        finally:
-            conn.close()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(psycopg2.Error):
-            self._admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-
-    @staticmethod
-    def _admin(sql: str) -> None:
-        conn = psycopg2.connect(server_dsn())
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-        finally:
-            conn.close()
-
-    def connect(self, autocommit: bool = False) -> psycopg2.extensions.connection:
-        conn = psycopg2.connect(self.dsn, application_name="benchmark harness")
-        conn.autocommit = autocommit
-        return conn
-
-    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        conn = self.connect()
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
-
-    def scalar(self, sql: str, params: Any = None) -> Any:
-        return self.query(sql, params)[0][0]
-
-    def execute_autocommit(self, sql: str) -> None:
-        conn = self.connect(autocommit=True)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-        finally:
-            conn.close()
-
-
-def seed_endpoints(conn: psycopg2.extensions.connection, urls: Sequence[Sequence[str]],
-                   secret: str = SECRET) -> list[list[int]]:
-    """One workspace ``ws<i>`` per entry of ``urls`` (at most 10 URLs each); returns endpoint ids."""
-    ids: list[list[int]] = []
-    with conn, conn.cursor() as cur:
-        for index, workspace_urls in enumerate(urls):
-            workspace = f"ws{index}"
-            cur.execute("INSERT INTO workspaces (id, secret, flags) VALUES (%s, %s, '{\"webhook_outbox\": true}')",
-                        (workspace, secret))
-            row: list[int] = []
-            for url in workspace_urls:
-                cur.execute("INSERT INTO webhook_endpoints (workspace_id, url) VALUES (%s, %s) RETURNING id",
-                            (workspace, url))
-                row.append(cur.fetchone()[0])
-            ids.append(row)
-    return ids
+def bench_database(label: str) -> contextlib.AbstractContextManager[Database]:
+    """A fresh migrated database for one scenario, dropped on exit (a killed run's leftover first)."""
+    return scratch_database(server_dsn(), f"bench_{label}_{os.getpid()}", migrate=True, replace=True,
+                            quiet_drop=True, application_name="benchmark harness")
 
 
 def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, first_event: int = 0,
@@ -189,7 +121,7 @@ def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, f
     return int(cur.rowcount)
 
 
-def outbox_stats(db: BenchDatabase) -> dict[str, Any]:
+def outbox_stats(db: Database) -> dict[str, Any]:
     """Tuple counters, autovacuum activity and sizes of the outbox and its indexes."""
     conn = db.connect(autocommit=True)
     try:
@@ -222,12 +154,12 @@ def outbox_stats(db: BenchDatabase) -> dict[str, Any]:
     }
 
 
-def wal_lsn(db: BenchDatabase) -> int:
+def wal_lsn(db: Database) -> int:
     """The server's current WAL position in bytes (every database's writes: others' tests add noise)."""
     return int(db.scalar("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
 
 
-def bloat(db: BenchDatabase) -> dict[str, Any]:
+def bloat(db: Database) -> dict[str, Any]:
     """pgstattuple of the outbox heap and pgstatindex of its claim index (exact, not estimates)."""
     conn = db.connect(autocommit=True)
     try:
@@ -250,7 +182,7 @@ def bloat(db: BenchDatabase) -> dict[str, Any]:
             "due_index_deleted_pages": int(deleted_pages), "due_index_leaf_density_percent": float(density)}
 
 
-def timed_vacuum(db: BenchDatabase) -> dict[str, Any]:
+def timed_vacuum(db: Database) -> dict[str, Any]:
     """A plain VACUUM of the outbox, timed, and the bloat it leaves."""
     started = time.monotonic()
     db.execute_autocommit("VACUUM webhook_deliveries")
@@ -305,16 +237,6 @@ class StatsdSink:
 
 
 # --------------------------------------------------------------------------- CPU accounting
-
-
-def process_tree(pid: int | None) -> list[psutil.Process]:
-    if pid is None:
-        return []
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
 
 
 def _cpu(proc: psutil.Process) -> float | None:
@@ -506,96 +428,42 @@ def cpu_split(totals: dict[str, float], deliveries: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the dispatcher
 
 
-def bench_config(dsn: str, log_file: Path, statsd_port: int, **sections: dict[str, Any]) -> dict[str, Any]:
-    """The benchmark's dispatcher config: every feature on, loopback allowed."""
-    raw: dict[str, Any] = {
-        "region": "bench",
-        "database": {"dsn": dsn},
-        "workers": {"processes": 2},
-        "http": {"require_https": False, "allow_private_networks": True},
-        "statsd": {"host": "127.0.0.1", "port": statsd_port, "prefix": "dispatcher.bench", "enabled": True},
-        "logging": {"level": "INFO", "file": str(log_file)},
-    }
-    for name, values in sections.items():
-        raw.setdefault(name, {}).update(values)
-    return raw
+class DispatcherRun(Dispatcher):
+    """The kit's dispatcher run with a benchmark's config dict, stopped with TERM.
 
-
-class DispatcherRun:
-    """``python -m dispatcher.cli -c CONFIG run`` (supervisor + workers), stopped with TERM."""
+    BENCH_ENGINE_REPO runs another checkout's engine (e.g. the commit before an
+    optimisation) under the same harness, receiver and schema.
+    """
 
     def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
-        self.workdir = workdir
+        super().__init__(workdir / "dispatcher.yaml", workdir / "dispatcher.stdout",
+                         repo=Path(os.environ.get("BENCH_ENGINE_REPO", str(REPO))))
         self.config = config
-        self.config_path = workdir / "dispatcher.yaml"
         self.log_path = Path(config["logging"]["file"])
-        self.stdout_path = workdir / "dispatcher.stdout"
-        self.process: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> DispatcherRun:
-        self.config_path.write_text(yaml.safe_dump(self.config), encoding="utf-8")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
-        # BENCH_ENGINE_REPO runs another checkout's engine (e.g. the commit
-        # before an optimisation) under the same harness, receiver and schema.
-        engine = Path(os.environ.get("BENCH_ENGINE_REPO", str(REPO)))
-        env["PYTHONPATH"] = str(engine)
-        with open(self.stdout_path, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "dispatcher.cli", "-c", str(self.config_path), "run"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=engine,
-                start_new_session=True)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    def tree(self) -> list[psutil.Process]:
-        return process_tree(self.pid)
-
-    def worker_pids(self) -> list[int]:
-        return [p.pid for p in self.tree()[1:]]
+    def start(self) -> Self:
+        write_config(self.config_path, self.config)
+        return super().start()
 
     def wait_ready(self, workers: int, timeout: float = 30.0) -> None:
         """Until ``workers`` workers logged their start line."""
-        deadline = time.monotonic() + timeout
-        while True:
-            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-            if text.count("started (client=") >= workers:
-                return
+        def ready() -> bool:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"dispatcher exited with {self.process.returncode}: {self.tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"dispatcher workers did not start within {timeout:.0f}s: {self.tail()}")
-            time.sleep(0.05)
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            return text.count("started (client=") >= workers
+
+        try:
+            wait_until(ready, timeout, message=f"{workers} dispatcher workers to start")
+        except WaitTimeout:
+            raise RuntimeError(f"dispatcher workers did not start within {timeout:.0f}s: {self.tail()}") from None
 
     def tail(self, chars: int = 3000) -> str:
         parts = []
-        for path in (self.stdout_path, self.log_path):
+        for path in (self.output_path, self.log_path):
             if path.exists():
                 parts.append(path.read_text(errors="replace")[-chars:])
         return "\n".join(parts)
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        process, self.process = self.process, None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info.get("cmdline") or []
-            if "dispatcher.worker_main" in cmdline and any(f":{process.pid}:" in part for part in cmdline):
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
 
     def log_counts(self) -> dict[str, int]:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -604,20 +472,47 @@ class DispatcherRun:
                 "bytes": len(text.encode("utf-8", "replace"))}
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.25, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 @contextlib.contextmanager
 def workdir(label: str) -> Iterator[Path]:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix=f"bench-{label}-") as path:
         yield Path(path)
+
+
+# --------------------------------------------------------------------------- an engine scenario
+
+
+@dataclass
+class EngineSetup:
+    """What an engine scenario runs against: its database, work directory,
+    statsd sink, verifying receiver and the database's Postgres processes."""
+
+    db: Database
+    tmp: Path
+    statsd: StatsdSink
+    receiver: ReceiverProcess
+    pg: PostgresProcesses
+
+    def config(self, **sections: dict[str, Any]) -> dict[str, Any]:
+        """The dispatcher's config for this setup (logs in ``tmp``, metrics to the sink)."""
+        return bench_config(self.db.dsn, self.tmp / "dispatcher.log", self.statsd.port, **sections)
+
+    def cpu_meter(self, dispatcher: DispatcherRun,
+                  **extra: Callable[[], Iterable[psutil.Process]]) -> CpuMeter:
+        """A started meter over the dispatcher, Postgres (by role), the receiver and ``extra`` groups."""
+        receiver = self.receiver
+        return CpuMeter({"dispatcher": dispatcher.tree, **self.pg.groups(),
+                         "receiver": lambda: process_tree(receiver.pid), **extra}).start()
+
+
+@contextlib.contextmanager
+def engine_setup(label: str, *, receiver_processes: int = 1,
+                 receiver_seed: int | None = None) -> Iterator[EngineSetup]:
+    with bench_database(label) as db, workdir(label) as tmp, StatsdSink() as statsd, \
+            ReceiverProcess(secrets=[SECRET], processes=receiver_processes, seed=receiver_seed) as receiver:
+        pg = PostgresProcesses(db.name)
+        try:
+            yield EngineSetup(db, tmp, statsd, receiver, pg)
+        finally:
+            pg.close()

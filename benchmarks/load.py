@@ -26,24 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import (
-    SECRET,
-    BenchDatabase,
-    CpuMeter,
     DispatcherRun,
     MachineCpu,
-    PostgresProcesses,
-    StatsdSink,
-    bench_config,
     cpu_split,
+    engine_setup,
     load_average,
     percentile,
-    process_tree,
-    seed_endpoints,
     summary_ms,
     wal_lsn,
-    workdir,
 )
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.kit import Database, process_tree, seed_endpoints
 
 PRODUCER_THREADS = 8
 
@@ -96,8 +88,8 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
              hang_share: float = 0.0, client: str | None = None, processes: int = 2, drain_timeout: float = 30.0,
              payload_bytes: int = 1024, retry: dict[str, Any] | None = None) -> dict[str, Any]:
     healthy_share = 1.0 - slow_share - hang_share
-    with BenchDatabase(label) as db, workdir(label) as tmp, StatsdSink() as statsd, \
-            ReceiverProcess(secrets=[SECRET], processes=1, seed=7) as receiver:
+    with engine_setup(label, receiver_seed=7) as setup:
+        db, tmp, statsd, receiver = setup.db, setup.tmp, setup.statsd, setup.receiver
         urls: list[list[str]] = [[receiver.url("latency", f"h{i}", median_ms=80, sigma=0.5, rate=0.02, status=500)]
                                  for i in range(healthy)]
         routes = [(f"ws{i}", healthy_share / healthy) for i in range(healthy)]
@@ -109,16 +101,13 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
             routes.append((f"ws{len(urls) - 1}", hang_share))
         ids = seed_endpoints(db.connect(), urls)
         healthy_ids = [row[0] for row in ids[:healthy]]
-        config = bench_config(db.dsn, tmp / "dispatcher.log", statsd.port,
-                              workers={"processes": processes},
+        config = setup.config(workers={"processes": processes},
                               http={"client": client} if client else {}, retry=retry or {})
-        pg = PostgresProcesses(db.name)
         with DispatcherRun(tmp, config) as dispatcher:
             dispatcher.wait_ready(processes)
             producing: list[int] = []
-            meter = CpuMeter({"dispatcher": dispatcher.tree, **pg.groups(),
-                              "receiver": lambda: process_tree(receiver.pid),
-                              "producer_process": lambda: process_tree(producing[0]) if producing else []}).start()
+            meter = setup.cpu_meter(dispatcher,
+                                    producer_process=lambda: process_tree(producing[0]) if producing else [])
             machine_cpu = MachineCpu()
             load_before = load_average()
             ages: list[float] = []
@@ -157,7 +146,6 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
         first_2xx = {d.webhook_id: d.first_2xx_ts for d in receiver.iter_deliveries() if d.first_2xx_ts}
         stats = receiver.stats()
         log_counts = dispatcher.log_counts()  # after the stop: the workers flushed their buffered lines
-        pg.close()
     offered = int(round(rate * seconds))
     healthy_offered = offered * healthy_share
     delivered_healthy = sum(1 for e in healthy_events if e in first_2xx)
@@ -232,7 +220,7 @@ def _read_commits(path: Path) -> dict[str, tuple[str, float]]:
     return commits
 
 
-def _sample_backlog(db: BenchDatabase, healthy_ids: list[int], ages: list[float], stop: threading.Event) -> None:
+def _sample_backlog(db: Database, healthy_ids: list[int], ages: list[float], stop: threading.Event) -> None:
     conn = db.connect(autocommit=True)
     try:
         with conn.cursor() as cur:
@@ -246,7 +234,7 @@ def _sample_backlog(db: BenchDatabase, healthy_ids: list[int], ages: list[float]
         conn.close()
 
 
-def _wait_delivered(db: BenchDatabase, healthy_ids: list[int], expected: int, timeout: float) -> bool:
+def _wait_delivered(db: Database, healthy_ids: list[int], expected: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = int(db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered' "

@@ -18,20 +18,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.harness import (
-    SECRET,
-    BenchDatabase,
     DispatcherRun,
     StatsdSink,
-    bench_config,
-    seed_endpoints,
-    wait_for,
+    bench_database,
     workdir,
 )
 from dispatcher import Event, WebhookSender
 from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.config import config_from_mapping
-from dispatcher.receiver import ReceiverProcess
 from dispatcher.store import api_data
+from dispatcher_devtools.kit import SECRET, bench_config, seed_endpoints, wait_until
+from dispatcher_devtools.receiver import ReceiverProcess
 
 
 def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> dict[str, Any]:
@@ -41,7 +38,7 @@ def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> di
     reserved.bind(("127.0.0.1", 0))  # bound, never listening: connects are refused
     port = reserved.getsockname()[1]
     url = f"http://127.0.0.1:{port}/ok/down"
-    with BenchDatabase("outage") as db, workdir("outage") as tmp, StatsdSink() as statsd:
+    with bench_database("outage") as db, workdir("outage") as tmp, StatsdSink() as statsd:
         ((endpoint_id,),) = seed_endpoints(db.connect(), [[url]])
         config = bench_config(
             db.dsn, tmp / "dispatcher.log", statsd.port, workers={"processes": processes, "poll_interval": "100ms"},
@@ -55,8 +52,8 @@ def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> di
             started = datetime.now(UTC)
             with sender.transaction(conn) as tx:
                 ids = [tx.send(Event("ws0", "job.completed", {"job": f"j-{n}"})).id for n in range(events)]
-            wait_for(lambda: db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'dead'") == events,
-                     timeout=ceiling + 60, interval=0.2, what="every row to die")
+            wait_until(lambda: db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'dead'") == events,
+                       timeout=ceiling + 60, interval=0.2, message="every row to die")
             dead_at = db.query(
                 """SELECT min(extract(epoch FROM finished_at - created_at)),
                           max(extract(epoch FROM finished_at - created_at)), min(attempt), max(attempt), avg(attempt)
@@ -70,8 +67,8 @@ def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> di
                 back_at = time.monotonic()
                 recovered = api_data.recover(db.connect(), "ws0", endpoint_id, started - timedelta(minutes=1), None,
                                              ReplayBudget(100))
-                wait_for(lambda: db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
-                         == events, timeout=60, interval=0.2, what="every recovered row to be delivered")
+                wait_until(lambda: db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
+                           == events, timeout=60, interval=0.2, message="every recovered row to be delivered")
                 delivered_after_s = time.monotonic() - back_at
                 got = {d.webhook_id for d in receiver.iter_deliveries() if d.ok}
                 stats = receiver.stats()

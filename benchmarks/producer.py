@@ -20,9 +20,15 @@ import random
 import time
 from typing import Any
 
-from benchmarks.harness import SECRET, BenchDatabase, load_average, percentile, seed_endpoints, summary_ms
+from benchmarks.harness import (
+    bench_database,
+    load_average,
+    percentile,
+    summary_ms,
+)
 from dispatcher import Event, WebhookSender
 from dispatcher.config import config_from_mapping
+from dispatcher_devtools.kit import SECRET, seed_endpoints
 
 TARGET_ADDED_P99_MS = 1.0
 RFC_ADDED_P99_MS = 2.0
@@ -31,7 +37,7 @@ RFC_ADDED_P99_MS = 2.0
 def run(tiny: bool = False) -> dict[str, Any]:
     rounds = 200 if tiny else 10_000
     warmup = 20 if tiny else 500
-    with BenchDatabase("producer") as db:
+    with bench_database("producer") as db:
         seed_endpoints(db.connect(), [[f"http://127.0.0.1:9/ok/p{i}" for i in range(10)]], secret=SECRET)
         conn = db.connect()
         with conn.cursor() as cur:

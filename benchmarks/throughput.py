@@ -17,27 +17,18 @@ import time
 from typing import Any
 
 from benchmarks.harness import (
-    SECRET,
-    BenchDatabase,
-    CpuMeter,
     DispatcherRun,
     MachineCpu,
-    PostgresProcesses,
-    StatsdSink,
-    bench_config,
     bloat,
     cpu_split,
+    engine_setup,
     insert_backlog,
     load_average,
     outbox_stats,
-    process_tree,
-    seed_endpoints,
     timed_vacuum,
-    wait_for,
     wal_lsn,
-    workdir,
 )
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.kit import Database, process_tree, seed_endpoints, wait_until
 
 TARGET_PER_SECOND = 5000.0
 
@@ -51,25 +42,22 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
     ``keep_db``, when given, is called with the database before it is dropped
     (the backlog scenario reads the outbox's bloat from it).
     """
-    with BenchDatabase(label) as db, workdir(label) as tmp, StatsdSink() as statsd, \
-            ReceiverProcess(secrets=[SECRET], processes=receiver_processes) as receiver:
+    with engine_setup(label, receiver_processes=receiver_processes) as setup:
+        db, statsd, receiver = setup.db, setup.statsd, setup.receiver
         urls = [[receiver.url("ok", f"ep{w}-{i}") for i in range(endpoints_per_workspace)]
                 for w in range(workspaces)]
         seed_endpoints(db.connect(), urls)
         http: dict[str, Any] = {"client": client} if client else {}
         workers = {"processes": processes, **(extra_workers or {})}
-        config = bench_config(db.dsn, tmp / "dispatcher.log", statsd.port, workers=workers, http=http)
-        pg = PostgresProcesses(db.name)
-        with DispatcherRun(tmp, config) as dispatcher:
+        config = setup.config(workers=workers, http=http)
+        with DispatcherRun(setup.tmp, config) as dispatcher:
             dispatcher.wait_ready(processes)
             conn = db.connect()
             cur = conn.cursor()
             expected = insert_backlog(cur, workspaces, events, payload_bytes)
             cur.execute("ANALYZE webhook_deliveries")
             cur.execute("ANALYZE events")
-            meter = CpuMeter({"dispatcher": dispatcher.tree, **pg.groups(),
-                              "receiver": lambda: process_tree(receiver.pid),
-                              "harness": lambda: process_tree(os.getpid())[:1]}).start()
+            meter = setup.cpu_meter(dispatcher, harness=lambda: process_tree(os.getpid())[:1])
             machine_cpu = MachineCpu()
             timeline: list[dict[str, Any]] = []
             stop_sampling = threading.Event()
@@ -81,8 +69,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
                                        daemon=True)
             sampler.start()
             try:
-                wait_for(lambda: db.scalar("SELECT count(*) = 0 FROM webhook_deliveries WHERE status = 'pending'"),
-                         timeout=timeout, interval=0.2, what="the outbox to drain")
+                wait_until(lambda: db.scalar("SELECT count(*) = 0 FROM webhook_deliveries WHERE status = 'pending'"),
+                           timeout=timeout, interval=0.2, message="the outbox to drain")
             finally:
                 cpu = meter.stop()
                 machine_load = machine_cpu.stop(cpu["dispatcher"] + cpu["postgres_all_databases"] + cpu["receiver"]
@@ -95,7 +83,6 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             (last_finished, first_started, delivered, attempts, statuses) = _db_figures(db)
         stats = receiver.stats()
         log_counts = dispatcher.log_counts()  # after the stop: the workers flushed their buffered lines
-        pg.close()
         after = outbox_stats(db)
         after["pgstattuple"] = bloat(db)
         after["vacuum"] = timed_vacuum(db)
@@ -135,7 +122,7 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
         }
 
 
-def _sample_outbox(db: BenchDatabase, started: float, timeline: list[dict[str, Any]],
+def _sample_outbox(db: Database, started: float, timeline: list[dict[str, Any]],
                    stop: threading.Event) -> None:
     """Dead tuples and autovacuum runs of the outbox, once a second while it drains."""
     conn = db.connect(autocommit=True)
@@ -153,7 +140,7 @@ def _sample_outbox(db: BenchDatabase, started: float, timeline: list[dict[str, A
         conn.close()
 
 
-def _db_figures(db: BenchDatabase) -> tuple[float, float, int, int, dict[str, int]]:
+def _db_figures(db: Database) -> tuple[float, float, int, int, dict[str, int]]:
     last_finished = float(db.scalar("SELECT extract(epoch FROM max(finished_at))::float8 FROM webhook_deliveries"))
     first_started = float(db.scalar(
         "SELECT extract(epoch FROM min(started_at))::float8 FROM webhook_delivery_attempts"))

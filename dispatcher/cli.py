@@ -116,7 +116,15 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_demo(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.demo import demo_main
+    # The demo and its mock receiver are dev tools outside the wheel: they are
+    # importable from a source checkout (bin/dispatcher puts it on sys.path).
+    try:
+        from dispatcher_devtools.demo import demo_main
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("dispatcher_devtools"):
+            raise  # a real missing dependency, not a missing checkout
+        raise UsageError("the demo needs a source checkout: dispatcher_devtools is not importable "
+                         "(run bin/dispatcher from the repository)") from None
 
     return demo_main(config, events=args.events, rate=args.rate)
 

@@ -118,8 +118,8 @@ class Supervisor:
 
     def run(self) -> int:
         self._install_signals()
-        log.info("supervisor pid %d starting %d worker(s) for region %s", os.getpid(), self.target,
-                 self.config.region)
+        log.info("supervisor pid %d starting %d worker(s) for region %s event=supervisor_started", os.getpid(),
+                 self.target, self.config.region)
         try:
             while True:
                 self._sleep(0.5)
@@ -215,7 +215,8 @@ class Supervisor:
         self._crashes = 1 if lived > STABLE_AFTER else self._crashes + 1
         delay = min(RESTART_BACKOFF_MAX, 0.5 * 2 ** (self._crashes - 1))
         self._next_spawn_at = time.monotonic() + delay
-        log.warning("worker %s exited with %s after %.1fs; restarting in %.1fs", worker.owner, code, lived, delay)
+        log.warning("worker %s exited with %s after %.1fs; restarting in %.1fs event=worker_restarting",
+                    worker.owner, code, lived, delay)
 
     def _release(self, worker: WorkerProcess) -> None:
         # The supervisor's session idles between crashes, for days maybe, so
@@ -227,7 +228,8 @@ class Supervisor:
                 break
             except store.DatabaseUnavailable as exc:
                 if last_try:
-                    log.warning("could not release %s's claims now (their lease will lapse): %s", worker.owner, exc)
+                    log.warning("could not release %s's claims now (their lease will lapse): %s event=release_failed",
+                                worker.owner, exc)
                     return
         if released:
             log.info("released %d rows claimed by %s", released, worker.owner)
@@ -247,7 +249,8 @@ class Supervisor:
                     log.error("worker %s did not boot within %.0fs; killing it", worker.owner, timeouts.boot_timeout)
                     self._signal(worker, signal.SIGKILL)
             elif worker.silent_for() > timeouts.heartbeat_timeout:
-                log.error("worker %s missed its heartbeat for %.0fs; killing it", worker.owner, worker.silent_for())
+                log.error("worker %s missed its heartbeat for %.0fs; killing it event=heartbeat_missed", worker.owner,
+                          worker.silent_for())
                 self._signal(worker, signal.SIGKILL)
 
     def _signal(self, worker: WorkerProcess, signum: int) -> None:

@@ -100,7 +100,7 @@ class Worker:
 
     def run(self) -> None:
         """Serve until ``stop`` is called; then drain within the grace period."""
-        log.info("worker %s started (client=%s)", self.owner, self.config.http.client)
+        log.info("worker %s started (client=%s) event=worker_started", self.owner, self.config.http.client)
         background = [gevent.spawn(self._flush_loop), gevent.spawn(self._upkeep_loop)]
         if self._heartbeat_path:
             background.append(gevent.spawn(self._heartbeat_loop))
@@ -299,7 +299,8 @@ class Worker:
             self._room.clear()
             self._room.wait(0.05)
         if self._held > 0:
-            log.warning("grace period over with %d sends in flight; their rows are released", self._held)
+            log.warning("grace period over with %d sends in flight; their rows are released event=grace_period_over",
+                        self._held)
             self._release([(row.id, row.claim_token) for row in self._maker.in_flight()])
 
     def _release(self, claims: list[tuple[int, int]]) -> None:

@@ -480,7 +480,7 @@ def test_a_replay_is_delivered_with_the_same_idempotency_key(db, world, make_cli
     from standardwebhooks import Webhook
 
     from dispatcher.signing import as_standard_secret
-    from tests.support.engine import SECRET, Dispatcher, produce, seed_workspace, wait_until
+    from dispatcher_devtools.kit import SECRET, Dispatcher, produce, seed_workspace, wait_until
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Capture)
     server.captured = []  # type: ignore[attr-defined]

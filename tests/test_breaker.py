@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess
-from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.receiver import ReceiverProcess
 
 pytestmark = pytest.mark.timeout(120)
 

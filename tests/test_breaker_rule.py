@@ -22,7 +22,7 @@ from dispatcher.api.auth import hash_token
 from dispatcher.breaker import CLOSED, BreakerBatch, BreakerPolicy, BreakerSignal, EndpointBreaker, Signal
 from dispatcher.config import load_config
 from dispatcher.store.engine import EngineStore, ManagedConnection
-from tests.support.engine import query, seed_workspace
+from dispatcher_devtools.kit import query, seed_workspace
 
 POLICY = BreakerPolicy(failure_threshold=20, open_for=300.0)
 T0 = 1_800_000_000.0

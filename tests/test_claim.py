@@ -7,7 +7,7 @@ import time
 import pytest
 
 from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
-from tests.support.engine import query, seed_workspace
+from dispatcher_devtools.kit import query, seed_workspace
 
 
 def _store(db) -> EngineStore:  # type: ignore[no-untyped-def]

@@ -282,3 +282,15 @@ class TestEndpoint:
         endpoint_id = int(ok(cli("-c", local, "endpoint", "add", "--workspace", "W", "--url",
                                  "http://127.0.0.1:9/x", env=env)).strip())
         assert db.query("SELECT url FROM webhook_endpoints WHERE id = %s", (endpoint_id,)) == [("http://127.0.0.1:9/x",)]
+
+
+# ---------------------------------------------------------------- the demo outside a checkout
+
+
+def test_demo_without_the_dev_tools_is_a_usage_error(tmp_path: Path) -> None:
+    # An installed wheel has no dispatcher_devtools: None in sys.modules makes it unimportable.
+    script = ("import sys; sys.modules['dispatcher_devtools'] = None\n"
+              "from dispatcher.cli import main\n"
+              f"sys.exit(main(['-c', {str(REPO / 'config' / 'local.yaml')!r}, 'demo']))\n")
+    result = run([sys.executable, "-c", script], cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert_one_line_error(result, ExitCode.USAGE, "the demo needs a source checkout", "dispatcher_devtools")

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from standardwebhooks import Webhook
 
-from dispatcher.receiver import ReceiverProcess
 from dispatcher.signing import as_standard_secret
-from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.receiver import ReceiverProcess
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -308,3 +308,19 @@ class TestProducersStayUnpatched:
     def test_webhook_sender_is_the_producer_class(self, tmp_path: Path) -> None:
         result = probe(tmp_path, "from:dispatcher:WebhookSender")
         assert {"dispatcher.producer", "psycopg2", "urllib3"} <= result.newly_loaded()
+
+
+class TestDevToolsPatchPreamble:
+    """The dev tools outside the wheel (the mock receiver, ``tests/support/green.py``,
+    ``benchmarks/bare_loop.py``) share one patch preamble, ``dispatcher_devtools.green``."""
+
+    def test_the_preamble_patches_before_anything_else(self, tmp_path: Path,
+                                                      allowed_before_patching: set[str]) -> None:
+        result = probe(tmp_path, "dispatcher_devtools.green")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher_devtools.green")
+        assert_patched_first(result, allowed, "dispatcher_devtools.green")
+
+    def test_the_receiver_package_loads_nothing_before_its_main_patches(self, tmp_path: Path) -> None:
+        # python -m dispatcher_devtools.receiver imports the package before __main__ runs.
+        loaded = parent_packages(tmp_path, "dispatcher_devtools.receiver.__main__")
+        assert not {name for name in loaded if name.startswith("dispatcher_devtools.receiver.")}

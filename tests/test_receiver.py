@@ -1,6 +1,6 @@
-"""Loopback tests of the mock webhook receiver (``dispatcher.receiver``).
+"""Loopback tests of the mock webhook receiver (``dispatcher_devtools.receiver``).
 
-Every test talks to a real ``python -m dispatcher.receiver`` subprocess over
+Every test talks to a real ``python -m dispatcher_devtools.receiver`` subprocess over
 127.0.0.1.  Tests use their own endpoint keys, so they can share one receiver.
 """
 
@@ -8,18 +8,26 @@ from __future__ import annotations
 
 import base64
 import http.client
+import json
 import os
+import signal
 import socket
+import ssl
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import trustme
 
-from dispatcher.receiver import ReceiverProcess, closed_port_url, signed_headers
 from dispatcher.signing import as_standard_secret
+from dispatcher_devtools.kit import REPO, wait_until
+from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url, signed_headers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -404,3 +412,100 @@ def test_importing_the_library_does_not_monkey_patch() -> None:
     from gevent import monkey
 
     assert not monkey.is_module_patched("socket")
+
+
+# --------------------------------------------------------------------------- exporting the received ids
+
+
+def test_received_ids_are_exported_on_request_and_at_stop(tmp_path: Path) -> None:
+    path = tmp_path / "ids.txt"
+    with ReceiverProcess([SECRET], export_ids=path) as receiver:
+        for wid in ("evt_2", "evt_1", "evt_2"):  # a duplicate is one id
+            deliver(receiver.url("ok", "a"), wid)
+        deliver(receiver.url("error", "b", rate=1), "evt_3")  # received, even if answered 500
+        post(receiver.url("ok", "a"), {"webhook-id": "evt_forged"})  # no valid signature: not received
+        assert receiver.export_ids() == 3
+        assert path.read_text().splitlines() == ["evt_1", "evt_2", "evt_3"]
+        deliver(receiver.url("ok", "c"), "evt_4")
+    assert path.read_text().splitlines() == ["evt_1", "evt_2", "evt_3", "evt_4"]
+
+
+def test_export_ids_needs_the_option() -> None:
+    with ReceiverProcess([SECRET]) as receiver:
+        with pytest.raises(RuntimeError, match="without export_ids"):
+            receiver.export_ids()
+        status, _ = post(f"{receiver.base_url}/_export_ids", {})
+        assert status == 404
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_command_line_exports_ids_when_terminated(tmp_path: Path, processes: int) -> None:
+    """``--export-ids`` as a user runs it: SIGTERM to the receiver (the supervisor
+    with --processes 2, which then asks its children) writes the file."""
+    ready, path = tmp_path / "ready.json", tmp_path / "ids.txt"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    command = [sys.executable, "-m", "dispatcher_devtools.receiver", "--listen", "127.0.0.1:0", "--secret", SECRET,
+               "--processes", str(processes), "--ready-file", str(ready), "--export-ids", str(path)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(ready.exists, timeout=20, message="the receiver to start")
+        port = json.loads(ready.read_text())["port"]
+        for n in range(6):  # several connections, so with two processes both may get some
+            deliver(f"http://127.0.0.1:{port}/ok/k{n % 2}", f"evt_{n}")
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert path.read_text().splitlines() == [f"evt_{n}" for n in range(6)]
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[trustme.CA, Path, Path]:
+    """A throw-away CA and a receiver certificate for 127.0.0.1 and localhost."""
+    directory = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key = directory / "receiver.pem", directory / "receiver.key"
+    for blob in issued.cert_chain_pems:
+        blob.write_to_path(str(cert), append=True)
+    issued.private_key_pem.write_to_path(str(key))
+    return ca, cert, key
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_tls_receiver_counts_a_delivery_from_a_client_trusting_its_ca(
+        tls_files: tuple[trustme.CA, Path, Path], processes: int) -> None:
+    ca, cert, key = tls_files
+    with ReceiverProcess([SECRET], tls_cert=cert, tls_key=key, processes=processes) as receiver:
+        url = receiver.url("ok", "tls")
+        assert url.startswith("https://127.0.0.1:")
+        trusting = ssl.create_default_context()
+        ca.configure_trust(trusting)
+        connection = http.client.HTTPSConnection(receiver.host, receiver.port, timeout=30, context=trusting)
+        try:
+            status, _ = post(url, signed_headers(SECRET, "evt_tls", BODY), connection=connection)
+            assert connection.sock is not None and connection.sock.version() is not None  # really TLS
+        finally:
+            connection.close()
+        assert status == 200
+        assert receiver.endpoint("tls")["count"] == 1
+
+        untrusting = ssl.create_default_context()  # the system's CAs only: ours is not among them
+        refused = http.client.HTTPSConnection(receiver.host, receiver.port, timeout=30, context=untrusting)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            post(url, signed_headers(SECRET, "evt_untrusted", BODY), connection=refused)
+        refused.close()
+        assert receiver.healthy()  # a failed handshake costs the receiver nothing
+        assert receiver.stats()["total"] == 1
+
+
+def test_tls_needs_both_the_certificate_and_the_key(tls_files: tuple[trustme.CA, Path, Path]) -> None:
+    _, cert, _ = tls_files
+    with pytest.raises(ValueError, match="go together"):
+        ReceiverProcess(tls_cert=cert)

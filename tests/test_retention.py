@@ -6,7 +6,7 @@ from dispatcher.config import config_from_mapping
 from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.upkeep import Upkeep
-from tests.support.engine import query, seed_workspace
+from dispatcher_devtools.kit import query, seed_workspace
 
 ROWS = [  # (status, created days ago, expected to survive)
     ("delivered", 8, False), ("delivered", 6, True),

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess
-from tests.support.engine import SECRET
+from dispatcher_devtools.kit import SECRET
+from dispatcher_devtools.receiver import ReceiverProcess
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess
+from dispatcher_devtools.kit import Dispatcher, produce, query, seed_workspace, status_counts
+from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support import LoopbackServer, Request, responder, response
-from tests.support.engine import Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support.faults import settle
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.receiver import ReceiverProcess, closed_port_url
-from tests.support.engine import Dispatcher, produce, query, seed_workspace, status_counts
+from dispatcher_devtools.kit import Dispatcher, produce, query, seed_workspace, status_counts
+from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 from tests.support.faults import ApiServer, create_token, settle
 
 pytestmark = pytest.mark.timeout(90)

@@ -19,8 +19,8 @@ from dispatcher.api.app import create_app
 from dispatcher.api.auth import READ, create_token
 from dispatcher.redact import MASK, excerpt, scrub
 from dispatcher.signing import as_standard_secret
+from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support import LoopbackServer, Request, responder, response
-from tests.support.engine import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
 from tests.support.faults import settle, text_dump
 
 pytestmark = pytest.mark.timeout(60)

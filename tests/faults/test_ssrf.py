@@ -25,7 +25,7 @@ from dispatcher.netguard import (
     parse_target,
     resolve_checked,
 )
-from tests.support import KINDS, LOOPBACK_POLICY, LoopbackServer, post_green, responder, response
+from tests.support import KINDS, LOOPBACK_POLICY, GreenRun, LoopbackServer, post_green, responder, response
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -339,46 +339,47 @@ def _strict() -> dict[str, Any]:
     return {"require_https": False, "allow_private_networks": False, "allow_networks": []}
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_rebinding_name_is_never_dialed_at_loopback(kind: str) -> None:
-    """First answer public, second 127.0.0.1: the second attempt is refused, and the
-    only address ever dialed is the public one (which the test dialer routes to a
-    loopback server, below the policy, so nothing leaves the machine)."""
-    name = "rebind.example.test"
+REBINDING_NAME = "rebind.example.test"
+PUBLIC_IP = "93.184.216.34"
+
+
+def _post_twice_to_a_rebinding_name(kind: str, dns_cache_ttl: float) -> tuple[GreenRun, LoopbackServer]:
+    """Two posts to a name whose first answer is public and second 127.0.0.1; the
+    test dialer routes the public address to a loopback server, below the policy,
+    so nothing leaves the machine."""
     with LoopbackServer(responder(response(200, b"ok"))) as server:
         run = post_green(
             kind,
-            [f"http://{name}:{server.port}/hook"] * 2,
+            [f"http://{REBINDING_NAME}:{server.port}/hook"] * 2,
             policy=_strict(),
-            dns={name: [["93.184.216.34"], ["127.0.0.1"]]},
-            redirect={"93.184.216.34": ("127.0.0.1", server.port)},
-            dns_cache_ttl=0,
+            dns={REBINDING_NAME: [[PUBLIC_IP], ["127.0.0.1"]]},
+            redirect={PUBLIC_IP: ("127.0.0.1", server.port)},
+            dns_cache_ttl=dns_cache_ttl,
         )
+    return run, server
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rebinding_name_is_never_dialed_at_loopback(kind: str) -> None:
+    """First answer public, second 127.0.0.1: the second attempt is refused, and the
+    only address ever dialed is the public one."""
+    run, server = _post_twice_to_a_rebinding_name(kind, dns_cache_ttl=0)
     first, second = run.results
     assert first["status"] == 200 and first["error"] is None
     assert second["error"] == "blocked" and "127.0.0.1" in second["detail"]
-    assert run.dials == [("93.184.216.34", server.port)]
-    assert run.dns_queries == [name, name]  # resolved per attempt
-    assert server.requests[0].headers["host"] == f"{name}:{server.port}"
+    assert run.dials == [(PUBLIC_IP, server.port)]
+    assert run.dns_queries == [REBINDING_NAME, REBINDING_NAME]  # resolved per attempt
+    assert server.requests[0].headers["host"] == f"{REBINDING_NAME}:{server.port}"
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_address_cache_only_ever_holds_checked_addresses(kind: str) -> None:
     """With the TTL cache on, the rebinding answer is not even asked for: the
     cached, checked public address is dialed again -- never 127.0.0.1."""
-    name = "rebind.example.test"
-    with LoopbackServer(responder(response(200, b"ok"))) as server:
-        run = post_green(
-            kind,
-            [f"http://{name}:{server.port}/hook"] * 2,
-            policy=_strict(),
-            dns={name: [["93.184.216.34"], ["127.0.0.1"]]},
-            redirect={"93.184.216.34": ("127.0.0.1", server.port)},
-            dns_cache_ttl=60,
-        )
+    run, _ = _post_twice_to_a_rebinding_name(kind, dns_cache_ttl=60)
     assert [r["status"] for r in run.results] == [200, 200]
-    assert run.dns_queries == [name]
-    assert {ip for ip, _ in run.dials} == {"93.184.216.34"}
+    assert run.dns_queries == [REBINDING_NAME]
+    assert {ip for ip, _ in run.dials} == {PUBLIC_IP}
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg2
 
-from tests.support.engine import REPO, query
+from dispatcher_devtools.kit import REPO, query
 
 # --------------------------------------------------------------------------- database helpers
 
@@ -267,7 +267,7 @@ def run_poison_worker(config: str, dsn: str, poison_event_id: str, secret: str, 
 
 def settle(dispatcher: Any, dsn: str, predicate: Any, message: str, timeout: float = 30.0) -> Any:
     """``wait_until`` that, at its bound, fails with the rows' state and the log's tail."""
-    from tests.support.engine import status_counts, wait_until
+    from dispatcher_devtools.kit import status_counts, wait_until
 
     try:
         return wait_until(predicate, timeout=timeout, message=message)

@@ -17,13 +17,14 @@ the address the transport asked for and refuses anything that is not loopback.
 from __future__ import annotations
 
 if __name__ == "__main__":
-    # First, before anything imports socket, ssl, threading or select.
-    from gevent import monkey
+    # First, before anything imports socket, ssl, threading or select: the dev
+    # tools' one patch preamble, found through the checkout (run as a script,
+    # only this file's directory is on sys.path; os and sys are not patched).
+    import os
+    import sys
 
-    monkey.patch_all()
-    import psycogreen.gevent
-
-    psycogreen.gevent.patch_psycopg()
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    import dispatcher_devtools.green  # noqa: F401
 
 import base64  # noqa: E402
 import importlib  # noqa: E402

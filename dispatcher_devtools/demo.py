@@ -18,20 +18,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg2
-
 from dispatcher import store
 from dispatcher.config import DSN_ENV, Config
 from dispatcher.embedded import resolve_dsn
+from dispatcher.entry import UsageError, run_command
 from dispatcher.exitcodes import ExitCode
 from dispatcher.producer import Event, WebhookSender
-from dispatcher.receiver import ReceiverProcess, closed_port_url
+from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 
 WORKSPACE = "demo"
 SECRET = "whsec_ZGVtby1zZWNyZXQtZm9yLWxvY2FsLW9ubHktMDEyMzQ1"
 
 
-class DemoError(Exception):
+class DemoError(UsageError):
     """The demo cannot run with this configuration."""
 
 
@@ -147,11 +146,9 @@ def _summary(conn: store.Connection, ids: dict[str, int], receiver: ReceiverProc
 
 
 def demo_main(config: Config, events: int, rate: float) -> int:
-    try:
-        return run_demo(config, events, rate)
-    except DemoError as exc:
-        print(f"dispatcher: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
-    except psycopg2.Error as exc:
-        print(f"dispatcher: demo database error: {exc}".splitlines()[0], file=sys.stderr)
-        return ExitCode.FAILURE
+    def demo() -> int:
+        # The producer's statements run on the demo's own connection, untranslated.
+        with store.translated():
+            return run_demo(config, events, rate)
+
+    return run_command(demo)

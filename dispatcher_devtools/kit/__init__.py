@@ -1,0 +1,51 @@
+"""One kit for the tests and the benchmarks (neither is gevent-patched).
+
+* :mod:`.waiting`  -- :func:`wait_until`, polling with a bound;
+* :mod:`.database` -- scratch databases (from a template, dropped WITH (FORCE)),
+  :func:`query`, :func:`status_counts`;
+* :mod:`.seeding`  -- workspaces and endpoints, events through ``WebhookSender``;
+* :mod:`.configs`  -- the YAML config of a test or benchmark run;
+* :mod:`.runner`   -- the dispatcher run as in production, in its own process group;
+* :mod:`.logs`     -- structured ``event=NAME`` keys in its log lines.
+
+The pytest fixtures stay in ``tests/conftest.py``; they call this kit.
+"""
+
+from dispatcher_devtools.kit.configs import apply_overrides, bench_config, config_for_test, write_config
+from dispatcher_devtools.kit.database import (
+    Database,
+    ServerUnreachable,
+    query,
+    scratch_database,
+    status_counts,
+    with_dbname,
+)
+from dispatcher_devtools.kit.logs import assert_no_event, log_events
+from dispatcher_devtools.kit.runner import REPO, Dispatcher, process_tree
+from dispatcher_devtools.kit.seeding import SECRET, produce, seed_endpoints, seed_workspace, seed_workspaces
+from dispatcher_devtools.kit.waiting import WaitTimeout, wait_until
+
+__all__ = [
+    "REPO",
+    "SECRET",
+    "Database",
+    "Dispatcher",
+    "ServerUnreachable",
+    "WaitTimeout",
+    "apply_overrides",
+    "assert_no_event",
+    "bench_config",
+    "config_for_test",
+    "log_events",
+    "process_tree",
+    "produce",
+    "query",
+    "scratch_database",
+    "seed_endpoints",
+    "seed_workspace",
+    "seed_workspaces",
+    "status_counts",
+    "wait_until",
+    "with_dbname",
+    "write_config",
+]
