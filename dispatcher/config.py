@@ -285,9 +285,10 @@ class BreakerConfig:
 @dataclass(frozen=True)
 class Config:
     region: str = setting("local", _region, "region name; each region runs its own dispatchers and database (Q4)")
-    dry_run: bool = setting(False, _boolean, "mark rows delivered without sending (rollout phase 0)")
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    # How the workers send; dry_run (phase 0) decides whether they send at all.
+    dry_run: bool = setting(False, _boolean, "mark rows delivered without sending (rollout phase 0)")
     http: HttpConfig = field(default_factory=HttpConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
