@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import logging
 import re
 import secrets
 import sys
@@ -20,6 +19,7 @@ from dispatcher.config import Config, load_config
 from dispatcher.embedded import resolve_dsn
 from dispatcher.entry import UsageError, run_command
 from dispatcher.exitcodes import ExitCode
+from dispatcher.logsetup import quiet_libraries
 
 Command = Callable[[Config, argparse.Namespace], int]
 
@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description="Queue-backed webhook delivery (RFC-014).")
     parser.add_argument("-c", "--config", default="config/local.yaml", help="YAML config file (default: %(default)s)")
     parser.add_argument("--version", action="version", version=f"dispatcher {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show other libraries' INFO logs (e.g. the embedded Postgres' start-up)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("run", help="start the supervisor and its workers (the default)")
     commands.add_parser("migrate", help="apply pending schema migrations")
@@ -140,7 +142,7 @@ COMMANDS: dict[str, Command] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    quiet_libraries(args.verbose)
     if args.command == "check":
         # A monitoring probe: its own exit codes (Nagios), every failure UNKNOWN (3), never a traceback.
         from dispatcher.status import check_main
