@@ -20,6 +20,8 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from dispatcher.config import EMBEDDED, DatabaseConfig
@@ -38,7 +40,7 @@ def start_embedded(data_dir: str | os.PathLike[str]) -> str:
     log_path = path.parent / LOG_NAME
     # The import is inside too: pgserver asks platformdirs for a runtime
     # directory at import time, which is where the RuntimeDirWarning comes from.
-    with _LoggedTo(log_path):
+    with _logged_to(log_path):
         try:
             import pgserver  # type: ignore[import-untyped]
         except ImportError:
@@ -57,41 +59,35 @@ def start_embedded(data_dir: str | os.PathLike[str]) -> str:
     return str(server.get_uri())
 
 
-class _LoggedTo:
+@contextmanager
+def _logged_to(path: Path) -> Iterator[None]:
     """Send the ``pgserver`` logger and the warnings raised meanwhile to
     ``path``; they reach stderr as well only when the root logger shows INFO
     (``-v``).  A log file that cannot be opened costs the log, not the start."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._logger = logging.getLogger("pgserver")
-        self._handler: logging.Handler | None = None
-        self._warnings = warnings.catch_warnings(record=True)
-
-    def __enter__(self) -> None:
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._handler = logging.FileHandler(self._path, encoding="utf-8")
-        except OSError:
-            self._handler = logging.NullHandler()
-        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        self._saved = (self._logger.level, self._logger.propagate)
-        self._logger.addHandler(self._handler)
-        self._logger.setLevel(logging.INFO)
-        self._logger.propagate = logging.getLogger().isEnabledFor(logging.INFO)
-        self._caught = self._warnings.__enter__()
-        warnings.simplefilter("always")
-
-    def __exit__(self, *exc: object) -> None:
-        self._warnings.__exit__(*exc)
-        for caught in self._caught:
-            self._logger.log(logging.WARNING if self._logger.propagate else logging.INFO, "%s: %s",
-                             caught.category.__name__, caught.message)
-        assert self._handler is not None
-        self._logger.removeHandler(self._handler)
-        self._handler.close()
-        self._logger.setLevel(self._saved[0])
-        self._logger.propagate = self._saved[1]
+    logger = logging.getLogger("pgserver")
+    handler: logging.Handler
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    saved = (logger.level, logger.propagate)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = logging.getLogger().isEnabledFor(logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        for warning in caught:
+            logger.log(logging.WARNING if logger.propagate else logging.INFO, "%s: %s",
+                       warning.category.__name__, warning.message)
+        logger.removeHandler(handler)
+        handler.close()
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
 def resolve_dsn(database: DatabaseConfig) -> str:
