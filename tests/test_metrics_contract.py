@@ -22,43 +22,11 @@ from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.upkeep import Upkeep
 from tests.support.engine import Dispatcher, produce, query, seed_workspace, wait_until
+from tests.support.metricsdoc import EMITTERS, Row, documented
 
 pytestmark = pytest.mark.timeout(180)
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 SLOW = 1.0  # seconds the slow endpoints take: a lower bound on their latency, whatever the unit
-EMITTERS = {"worker", "leader", "worker, leader"}
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    tags: frozenset[str]
-    kind: str
-    plain: str
-    plain_kind: str
-    unit: str
-    sent_by: str
-
-
-def documented() -> list[Row]:
-    """The rows of the contract table in docs/metrics.md."""
-    text = DOC.read_text(encoding="utf-8")
-    header = "| name | tags | type | plain name (`tags: none`) | plain type | unit | sent by |"
-    assert header in text, "docs/metrics.md lost its metrics table"
-    rows = []
-    for line in text.split(header, 1)[1].splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        name, tags, kind, plain, plain_kind, unit, sent_by = cells
-        rows.append(Row(name.strip("`"), frozenset(re.findall(r"`(\w+)`", tags)), kind.strip("`"),
-                        plain.strip("`"), plain_kind.strip("`"), unit, sent_by))
-    return rows
-
-
-def documented_names() -> set[str]:
-    return {row.name for row in documented()}
 
 
 @dataclass(frozen=True)
