@@ -42,8 +42,11 @@ SELECT extract(epoch FROM now() - max(heartbeat_at))::float8 AS heartbeat_age,
 -- number of silent rows (killed processes whose rows wait for pruning).
 SELECT owner, host, pid, started_at, heartbeat_at, in_flight,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age,
+       -- the leader: the freshest stamp, recent, of a process still alive (a
+       -- killed leader's stamp stays recent for a while; its lock is gone)
        leader_at IS NOT NULL AND leader_at = max(leader_at) OVER ()
-           AND leader_at > now() - make_interval(secs => %(leader_within)s) AS leader,
+           AND leader_at > now() - make_interval(secs => %(leader_within)s)
+           AND heartbeat_at > now() - make_interval(secs => %(alive_within)s) AS leader,
        leader_at,
        heartbeat_at > now() - make_interval(secs => %(alive_within)s) AS alive
   FROM dispatcher_processes
