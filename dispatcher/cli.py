@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import logging
 import re
 import secrets
 import sys
@@ -20,6 +19,7 @@ from dispatcher.config import Config, load_config
 from dispatcher.embedded import resolve_dsn
 from dispatcher.entry import UsageError, run_command
 from dispatcher.exitcodes import ExitCode
+from dispatcher.logsetup import quiet_libraries
 
 Command = Callable[[Config, argparse.Namespace], int]
 
@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description="Queue-backed webhook delivery (RFC-014).")
     parser.add_argument("-c", "--config", default="config/local.yaml", help="YAML config file (default: %(default)s)")
     parser.add_argument("--version", action="version", version=f"dispatcher {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show other libraries' INFO logs (e.g. the embedded Postgres' start-up)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("run", help="start the supervisor and its workers (the default)")
     commands.add_parser("migrate", help="apply pending schema migrations")
@@ -59,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--workspace", required=True)
     add.add_argument("--url", required=True)
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
+    status = commands.add_parser("status", help="the region at a glance, read from the database")
+    status.add_argument("--json", action="store_true", help="a stable JSON document (docs/operations.md)")
+    check = commands.add_parser("check", help="monitoring probe: Nagios exit codes 0 OK, 1 WARNING, 2 CRITICAL, "
+                                              "3 UNKNOWN")
+    check.add_argument("--json", action="store_true", help="the verdict and its figures as JSON")
     token = commands.add_parser("token", help="manage API tokens").add_subparsers(dest="action", required=True)
     tcreate = token.add_parser("create", help="create an API token; prints it once")
     tcreate.add_argument("--workspace", required=True)
@@ -129,15 +136,26 @@ def cmd_demo(config: Config, args: argparse.Namespace) -> int:
     return demo_main(config, events=args.events, rate=args.rate)
 
 
+def cmd_status(config: Config, args: argparse.Namespace) -> int:
+    from dispatcher.status import cmd_status as status
+
+    return status(config, args)
+
+
 COMMANDS: dict[str, Command] = {
     "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api, "demo": cmd_demo,
-    "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token,
+    "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token, "status": cmd_status,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    quiet_libraries(args.verbose)
+    if args.command == "check":
+        # A monitoring probe: its own exit codes (Nagios), every failure UNKNOWN (3), never a traceback.
+        from dispatcher.status import check_main
+
+        return check_main(args.config, args.json)
 
     def command() -> int:
         return COMMANDS[args.command or "run"](load_config(args.config), args)

@@ -23,11 +23,15 @@ from typing import Any
 import yaml
 
 from dispatcher.breaker import BreakerPolicy
+from dispatcher.health import BacklogRule, FleetRule
 from dispatcher.policy import RetryPolicies, RetryPolicy
 
 # The retry and breaker settings default to the policies' own values, declared once there.
 _RETRY_DEFAULTS = RetryPolicy()
 _BREAKER_DEFAULTS = BreakerPolicy()
+# So do the alert thresholds: the rules' own (RFC-014 "Backlog growth"), declared once in dispatcher/health.py.
+_BACKLOG_DEFAULTS = BacklogRule()
+_FLEET_DEFAULTS = FleetRule()
 
 DSN_ENV = "DISPATCHER_DATABASE_DSN"
 # The supervisor resolves the DSN once (starting the embedded server if need
@@ -152,6 +156,8 @@ class WorkersConfig:
     flush_interval: float = setting(0.05, parse_duration, "how long results wait before their batched write")
     heartbeat_interval: float = setting(1.0, parse_duration, "how often a worker proves it is alive")
     heartbeat_timeout: float = setting(30.0, parse_duration, "silence after which a worker is killed and replaced")
+    status_interval: float = setting(5.0, parse_duration,
+                                     "how often a worker records its heartbeat row in the database (status, check)")
     graceful_timeout: float = setting(15.0, parse_duration, "how long TERM waits for in-flight sends")
     boot_timeout: float = setting(30.0, parse_duration, "how long a new worker may take to report ready")
 
@@ -170,17 +176,31 @@ class HttpConfig:
 class StatsdConfig:
     host: str = setting("127.0.0.1", _text, "statsd host (UDP); unreachable is ignored")
     port: int = setting(8125, _port, "statsd UDP port")
-    prefix: str = setting("dispatcher", _text, "prefix of every metric name")
+    prefix: str = setting("dispatcher", _text, "prefix of every metric name in tags: none (tag mode: no prefix)")
     enabled: bool = setting(True, _boolean, "send metrics at all")
+    tags: str = setting("dogstatsd", _one_of("dogstatsd", "none"),
+                        "dogstatsd: the RFC's names with labels as |#tags; none: labels folded into dotted names")
 
 
 @dataclass(frozen=True)
 class AlertsConfig:
-    backlog_rows: int = setting(10000, _positive_int,
+    backlog_rows: int = setting(_BACKLOG_DEFAULTS.rows, _positive_int,
                                 "alert when more pending rows than this are due for longer than backlog_row_age")
-    backlog_row_age: float = setting(300.0, parse_duration, "age that makes a pending row count toward backlog_rows")
-    oldest_pending_age: float = setting(900.0, parse_duration, "alert when the oldest due pending row is older")
+    backlog_row_age: float = setting(_BACKLOG_DEFAULTS.row_age, parse_duration,
+                                     "age that makes a pending row count toward backlog_rows")
+    oldest_pending_age: float = setting(_BACKLOG_DEFAULTS.oldest_age, parse_duration,
+                                        "alert when the oldest due pending row is older")
     check_interval: float = setting(10.0, parse_duration, "how often the elected process evaluates alerts and sweeps")
+    heartbeat_age: float = setting(_FLEET_DEFAULTS.heartbeat_age, parse_duration,
+                                   "check: CRITICAL (dead fleet) when no worker heartbeat is newer than this")
+    leader_age: float = setting(_FLEET_DEFAULTS.leader_age, parse_duration,
+                                "check: WARNING when no upkeep leader ran a round for this long")
+
+    def backlog_rule(self) -> BacklogRule:
+        return BacklogRule(rows=self.backlog_rows, row_age=self.backlog_row_age, oldest_age=self.oldest_pending_age)
+
+    def fleet_rule(self) -> FleetRule:
+        return FleetRule(heartbeat_age=self.heartbeat_age, leader_age=self.leader_age)
 
 
 @dataclass(frozen=True)
@@ -350,6 +370,11 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError(f"workers.lease ({config.workers.lease:g}s) must exceed 2 x http.timeout ({floor:g}s)")
     if config.retry.max_interval < config.retry.base:
         raise ConfigError("retry.max_interval must not be shorter than retry.base")
+    # A probe threshold within one beat or one round would report a healthy fleet as dead.
+    if config.alerts.heartbeat_age <= config.workers.status_interval:
+        raise ConfigError("alerts.heartbeat_age must exceed workers.status_interval")
+    if config.alerts.leader_age <= config.alerts.check_interval:
+        raise ConfigError("alerts.leader_age must exceed alerts.check_interval")
 
 
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:

@@ -128,7 +128,21 @@ def _open_handler(path: str) -> logging.Handler:
     return BufferedLineHandler(fd, owns_fd=True)
 
 
-def configure_logging(config: LoggingConfig, process_name: str = "dispatcher") -> None:
+def library_level(level: int | str, verbose: bool) -> int:
+    """The level of every logger but ``dispatcher.*``: other libraries (pgserver,
+    urllib3, ...) speak at WARNING and above unless ``-v`` asks for more, so the
+    first screen shows the product and not a library's start-up chatter."""
+    number = logging.getLevelName(level) if isinstance(level, str) else level
+    return int(number) if verbose else max(int(number), logging.WARNING)
+
+
+def quiet_libraries(verbose: bool, level: int = logging.INFO) -> None:
+    """The CLI's stderr logging: ``dispatcher.*`` at ``level``, the rest at :func:`library_level`."""
+    logging.basicConfig(level=library_level(level, verbose), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("dispatcher").setLevel(level)
+
+
+def configure_logging(config: LoggingConfig, process_name: str = "dispatcher", verbose: bool = False) -> None:
     handler = _open_handler(config.file)
     # The process name is fixed per process, so it goes into the format once
     # instead of being looked up on every record.
@@ -136,7 +150,8 @@ def configure_logging(config: LoggingConfig, process_name: str = "dispatcher") -
     handler.setFormatter(_Formatter(f"%(asctime)s %(levelname)s [{safe_name}] %(name)s %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(config.level)
+    root.setLevel(library_level(config.level, verbose))
+    logging.getLogger("dispatcher").setLevel(config.level)
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False

@@ -1,19 +1,19 @@
-"""statsd metrics with the RFC's names, mapped onto plain statsd (no tags).
+"""statsd metrics with the RFC's names (docs/metrics.md is the contract; a test
+checks every line sent against its table).
 
-Mapping (``<p>`` is ``statsd.prefix``)::
+Two wire forms, chosen by ``statsd.tags``:
 
-    webhook_delivery_attempts_total{result}   -> <p>.webhook_delivery_attempts_total.<result>   (counter)
-    webhook_delivery_latency_seconds          -> <p>.webhook_delivery_latency_seconds.attempt    (timer, ms)
-                                                 <p>.webhook_delivery_latency_seconds.commit_to_2xx (timer, ms)
-    webhook_backlog_age_seconds               -> <p>.webhook_backlog_age_seconds                 (gauge, s)
-    webhook_breaker_open{endpoint}            -> <p>.webhook_breaker_open.<endpoint_id>           (gauge 0/1)
-                                                 <p>.webhook_breaker_open_total                   (gauge, count)
-    backlog alert                             -> <p>.webhook_backlog_alert                        (gauge 0/1)
+* ``dogstatsd`` (the default): the RFC's names exactly, labels as DogStatsD
+  tags (``webhook_delivery_attempts_total:3|c|#result:delivered,region:eu-west-1``),
+  which Telegraf, the Datadog agent and Prometheus' statsd_exporter read as
+  labels.  Latency is a histogram (``|h``) in seconds, as its name says.
+* ``none``: plain statsd for Graphite -- ``statsd.prefix`` and each label
+  folded into a dotted name, latency as statsd timers (``|ms``, milliseconds,
+  as statsd defines them); deploy/prometheus/statsd_mapping.yml maps these
+  back to the RFC's names and labels (statsd_exporter turns ms into seconds).
 
-Timers are in milliseconds, as statsd defines them; the names keep the RFC's
-``_seconds`` so dashboards match the design.  Sending is UDP, fire and
-forget: an unreachable or unresolvable statsd costs nothing and never raises
-into delivery.
+Sending is UDP, fire and forget: an unreachable or unresolvable statsd costs
+nothing and never raises into delivery.
 """
 
 from __future__ import annotations
@@ -21,66 +21,121 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Iterable
-
-import statsd
+from typing import Any
 
 from dispatcher.config import StatsdConfig
 
 log = logging.getLogger("dispatcher.metrics")
 
-# Datagram size the pipeline packs lines into: statsd's recommendation for a
-# network with a 1500-byte MTU (the library's default, 512, is its advice for
-# the open internet), so a flush of 200 attempts is ~20 sendto calls, not ~60.
+# Datagram size lines are packed into: statsd's recommendation for a network
+# with a 1500-byte MTU, so a flush of 200 attempts is ~20 sendto calls.
 MAX_DATAGRAM = 1432
+
+# Names whose plain (``none``) form differs from the RFC form beyond the
+# folded labels: kept as they were before tag mode existed, so Graphite
+# dashboards keep working.
+_PLAIN_NAMES = {"webhook_breakers_open": "webhook_breaker_open_total"}
+
+Tags = tuple[tuple[str, str], ...]
 
 
 class Metrics:
-    def __init__(self, config: StatsdConfig) -> None:
-        self._client: statsd.StatsClient | None = None
+    def __init__(self, config: StatsdConfig, region: str | None = None) -> None:
+        self._tagged = config.tags == "dogstatsd"
+        self._prefix = config.prefix.rstrip(".") + "."
+        self._region: Tags = (("region", region),) if region and self._tagged else ()
+        self._sock: socket.socket | None = None
+        self._address: Any = ()
         if not config.enabled:
             return
         try:
-            self._client = statsd.StatsClient(config.host, config.port, prefix=config.prefix,
-                                              maxudpsize=MAX_DATAGRAM)
-        except (OSError, socket.gaierror) as exc:
+            family, kind, proto, _, address = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_DGRAM)[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)  # a full send buffer drops the datagram rather than waiting
+        except OSError as exc:  # socket.gaierror included
             log.warning("statsd at %s:%d unusable, metrics disabled: %s", config.host, config.port, exc)
+            return
+        self._sock, self._address = sock, address
+
+    # -- what the dispatcher reports -----------------------------------------
 
     def attempts(self, results: Iterable[tuple[str, float, float | None]]) -> None:
         """One (result, attempt seconds, commit-to-2xx seconds or None) per attempt, in one batch."""
-        if self._client is None:
+        if self._sock is None:
             return
+        counts: dict[str, int] = {}
+        lines = []
+        for result, duration, commit_to_2xx in results:
+            counts[result] = counts.get(result, 0) + 1
+            lines.append(self._latency("attempt", duration))
+            if commit_to_2xx is not None:
+                lines.append(self._latency("commit_to_2xx", commit_to_2xx))
+        # A counter sent once with n is the same to statsd as n sends of 1.
+        lines.extend(self._line("webhook_delivery_attempts_total", count, "c", (("result", result),))
+                     for result, count in counts.items())
+        self._send(lines)
+
+    def breakers(self, states: Iterable[tuple[int, str]]) -> None:
+        """Per-endpoint breaker gauges (:func:`breaker_gauge`), plus the count of breakers not closed."""
+        lines, not_closed = [], 0
+        for endpoint_id, state in states:
+            value = breaker_gauge(state)
+            not_closed += value
+            lines.append(self._line("webhook_breaker_open", value, "g", (("endpoint", str(endpoint_id)),)))
+        lines.append(self._line("webhook_breakers_open", not_closed, "g"))
+        self._send(lines)
+
+    def breaker(self, endpoint_id: int, state: str) -> None:
+        """One endpoint's breaker gauge, on a transition."""
+        self._send([self._line("webhook_breaker_open", breaker_gauge(state), "g", (("endpoint", str(endpoint_id)),))])
+
+    def gauges(self, values: Iterable[tuple[str, float]]) -> None:
+        """Unlabelled gauges, in one datagram (the upkeep leader's figures)."""
+        self._send([self._line(name, value, "g") for name, value in values])
+
+    # -- wire format ---------------------------------------------------------
+
+    def _latency(self, stage: str, seconds: float) -> str:
+        if self._tagged:
+            return self._line("webhook_delivery_latency_seconds", round(seconds, 6), "h", (("stage", stage),))
+        return self._line("webhook_delivery_latency_seconds", round(seconds * 1000.0, 3), "ms", (("stage", stage),))
+
+    def _line(self, name: str, value: float, kind: str, labels: Tags = ()) -> str:
+        if self._tagged:
+            tags = ",".join(f"{key}:{val}" for key, val in labels + self._region)
+            return f"{name}:{_number(value)}|{kind}" + (f"|#{tags}" if tags else "")
+        dotted = "".join(f".{val}" for _, val in labels)
+        return f"{self._prefix}{_PLAIN_NAMES.get(name, name)}{dotted}:{_number(value)}|{kind}"
+
+    def _send(self, lines: list[str]) -> None:
+        if self._sock is None or not lines:
+            return
+        packet: list[str] = []
+        size = 0
+        for line in lines:
+            if packet and size + 1 + len(line) > MAX_DATAGRAM:
+                self._sendto("\n".join(packet))
+                packet, size = [], 0
+            packet.append(line)
+            size += len(line) + (1 if size else 0)
+        self._sendto("\n".join(packet))
+
+    def _sendto(self, data: str) -> None:
+        assert self._sock is not None
         try:
-            counts: dict[str, int] = {}
-            with self._client.pipeline() as pipe:
-                for result, duration, commit_to_2xx in results:
-                    counts[result] = counts.get(result, 0) + 1
-                    pipe.timing("webhook_delivery_latency_seconds.attempt", duration * 1000.0)
-                    if commit_to_2xx is not None:
-                        pipe.timing("webhook_delivery_latency_seconds.commit_to_2xx", commit_to_2xx * 1000.0)
-                # A counter sent once with n is the same to statsd as n sends of 1.
-                for result, count in counts.items():
-                    pipe.incr(f"webhook_delivery_attempts_total.{result}", count)
+            self._sock.sendto(data.encode("ascii", "replace"), self._address)
         except OSError:
             pass  # metrics never break delivery
 
-    def gauge(self, name: str, value: float) -> None:
-        if self._client is None:
-            return
-        try:
-            self._client.gauge(name, value)
-        except OSError:
-            pass
 
-    def breakers(self, states: Iterable[tuple[int, bool]]) -> None:
-        """Per-endpoint breaker gauges, plus the count of open ones."""
-        if self._client is None:
-            return
-        try:
-            with self._client.pipeline() as pipe:
-                open_count = 0
-                for endpoint_id, is_open in states:
-                    pipe.gauge(f"webhook_breaker_open.{endpoint_id}", 1 if is_open else 0)
-                    open_count += int(is_open)
-                pipe.gauge("webhook_breaker_open_total", open_count)
-        except OSError:
-            pass
+def breaker_gauge(state: str) -> int:
+    """``webhook_breaker_open``: 1 while the breaker is open or half-open (a
+    probe is not a recovery), 0 once it is closed."""
+    return 0 if state == "closed" else 1
+
+
+def _number(value: float) -> str:
+    """Plain decimal, never an exponent (statsd servers do not all read ``1e+07``)."""
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.6f}".rstrip("0").rstrip(".") or "0"

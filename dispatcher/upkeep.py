@@ -1,8 +1,11 @@
 """Region-wide upkeep, done by exactly one process per region.
 
 The process holding the region's advisory lock (session-level, so it passes
-to another process when its connection dies) evaluates the backlog alert,
-publishes the breaker gauges, sweeps rows whose retry window ran out while
+to another process when its connection dies) stamps its heartbeat row as the
+leader's (``dispatcher status`` shows it, ``dispatcher check`` warns when no
+leader ran a round lately), publishes the live-worker gauge, evaluates the
+backlog alert by the rule ``dispatcher check`` uses too
+(``dispatcher.health.BacklogRule``), publishes the breaker gauges, sweeps rows whose retry window ran out while
 their endpoint's breaker was open (claims skip those rows, so nothing else
 would ever end them), and applies retention (decisions Q2): dead and failed
 rows, delivered rows and attempt history are pruned in batches once they are
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from dispatcher.config import Config
 from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore
+from dispatcher.store.operations import Presence
 
 log = logging.getLogger("dispatcher.upkeep")
 
@@ -29,10 +33,13 @@ PRUNE_ROUNDS = 100
 
 
 class Upkeep:
-    def __init__(self, config: Config, store: EngineStore, metrics: Metrics) -> None:
+    def __init__(self, config: Config, store: EngineStore, metrics: Metrics, presence: Presence | None = None) -> None:
         self._config = config
         self._store = store
         self._metrics = metrics
+        self._presence = presence  # on the same connection as ``store``, which holds the leader's lock
+        self._backlog_rule = config.alerts.backlog_rule()
+        self._published: set[int] = set()  # endpoints whose breaker gauge this leader last set to 1
         self._policies = config.retry.retry_policies()
         self._is_leader = False
         self._alerting = False
@@ -43,6 +50,7 @@ class Upkeep:
             if not self._is_leader:
                 return
             log.info("this process now runs region upkeep for %s", self._config.region)
+        self._mark_leader()
         self._check_backlog()
         self._publish_breakers()
         self._sweep_expired()
@@ -52,22 +60,35 @@ class Upkeep:
         """The advisory lock went with the connection; campaign again."""
         self._is_leader = False
 
+    def _mark_leader(self) -> None:
+        if self._presence is None:
+            return
+        alive = self._presence.mark_leader(self._config.alerts.heartbeat_age)
+        self._metrics.gauges([("webhook_workers_alive", alive)])
+        self._presence.prune()
+
     def _check_backlog(self) -> None:
-        alerts = self._config.alerts
-        old_rows, oldest_age, _ = self._store.backlog(alerts.backlog_row_age, alerts.backlog_rows)
-        self._metrics.gauge("webhook_backlog_age_seconds", oldest_age or 0.0)
-        alerting = old_rows > alerts.backlog_rows or (oldest_age or 0.0) > alerts.oldest_pending_age
-        self._metrics.gauge("webhook_backlog_alert", 1 if alerting else 0)
-        if alerting:
-            log.warning("backlog alert: %s pending rows due for more than %ds; oldest due row waits %.0fs",
-                        f"over {alerts.backlog_rows}" if old_rows > alerts.backlog_rows else str(old_rows),
-                        alerts.backlog_row_age, oldest_age or 0.0)
+        rule = self._backlog_rule
+        figures = self._store.backlog(rule)
+        breaches = rule.breaches(figures)
+        self._metrics.gauges([("webhook_backlog_age_seconds", figures.oldest_age or 0.0),
+                              ("webhook_backlog_overdue_rows", figures.overdue_rows),
+                              ("webhook_backlog_held_rows", figures.held_rows),
+                              ("webhook_backlog_alert", 1 if breaches else 0)])
+        if breaches:
+            log.warning("backlog alert: %s; %d due rows wait behind %d open or half-open breakers (not backlog)",
+                        "; ".join(breaches), figures.held_rows, figures.open_breakers)
         elif self._alerting:
             log.info("backlog alert cleared")
-        self._alerting = alerting
+        self._alerting = bool(breaches)
 
     def _publish_breakers(self) -> None:
-        self._metrics.breakers((endpoint_id, state == "open") for endpoint_id, state in self._store.open_breakers())
+        """1 for every breaker not closed, 0 for those this leader set to 1
+        before or that opened within the day: a gauge never sticks at 1."""
+        states = dict(self._store.open_breakers())
+        states.update({endpoint_id: "closed" for endpoint_id in self._published - states.keys()})
+        self._metrics.breakers(sorted(states.items()))
+        self._published = {endpoint_id for endpoint_id, state in states.items() if state != "closed"}
 
     def _sweep_expired(self) -> None:
         ceilings = [self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())]

@@ -12,7 +12,10 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
   publishes the breaker gauges, sweeps rows that expire while a breaker is
   open, and prunes finished rows and attempt history past their retention
   (decisions Q2; ``dispatcher.upkeep``);
-* the heartbeat proves to the supervisor that the hub is not stuck.
+* the heartbeat proves to the supervisor that the hub is not stuck;
+* the status heartbeat records this process in the database every
+  ``workers.status_interval`` (``dispatcher status`` and ``check`` read it),
+  on a connection of its own: a failure there never touches delivery.
 
 The loop contains no SQL: every database call goes through ``store.engine``.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -36,6 +40,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.notifier import make_notifier
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.operations import Presence
 
 log = logging.getLogger("dispatcher.worker")
 attempt_log = logging.getLogger("dispatcher.attempt")
@@ -82,9 +87,12 @@ class Worker:
         timeout = config.database.connect_timeout
         self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout))
         self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout))
-        self._upkeep = EngineStore(ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout))
+        upkeep = ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout)
+        self._upkeep = EngineStore(upkeep)
+        self._leader_presence = Presence(upkeep, owner, config.region)
+        self._presence = Presence(ManagedConnection(dsn, f"dispatcher status {owner}", timeout), owner, config.region)
         self._maker = maker or DeliveryMaker.from_config(config)
-        self._metrics = Metrics(config.statsd)
+        self._metrics = Metrics(config.statsd, config.region)
         self._notifier = make_notifier(config.notifier)
         self._breaker = config.breaker.policy()
         self._lanes: dict[int, Lane] = {}
@@ -104,6 +112,7 @@ class Worker:
         background = [gevent.spawn(self._flush_loop), gevent.spawn(self._upkeep_loop)]
         if self._heartbeat_path:
             background.append(gevent.spawn(self._heartbeat_loop))
+        status = gevent.spawn(self._status_loop)
         claimer = gevent.spawn(self._claim_loop)
         self._stopping.wait()
         claimer.join()
@@ -113,6 +122,7 @@ class Worker:
         gevent.killall(background[1:], block=True, timeout=2)
         background[0].join(timeout=self.config.workers.graceful_timeout)
         self._maker.close()
+        self._leave(status)
         log.info("worker %s stopped", self.owner)
 
     def stop(self) -> None:
@@ -282,7 +292,7 @@ class Worker:
             return
         log.warning("breaker %s endpoint_id=%d failures=%d open_until=%s", transition, write.endpoint_id,
                     write.breaker.consecutive_failures, write.breaker.open_until)
-        self._metrics.gauge(f"webhook_breaker_open.{write.endpoint_id}", 1 if write.breaker.state == "open" else 0)
+        self._metrics.breaker(write.endpoint_id, write.breaker.state)
         if transition == "opened":
             gevent.spawn(self._notifier.breaker_opened, write.endpoint_id, write.breaker, write.error)
 
@@ -317,14 +327,14 @@ class Worker:
     def _upkeep_loop(self) -> None:
         from dispatcher.upkeep import Upkeep
 
-        upkeep = Upkeep(self.config, self._upkeep, self._metrics)
+        upkeep = Upkeep(self.config, self._upkeep, self._metrics, self._leader_presence)
         while not self._stopping.wait(self.config.alerts.check_interval):
             try:
                 upkeep.run_once()
             except DatabaseUnavailable as exc:
                 upkeep.lost_connection()
                 log.warning("upkeep skipped: %s", exc)
-            except QueryRejected as exc:
+            except StoreError as exc:  # refused, or a table missing: the loop must outlive it
                 log.error("upkeep step refused by the database, retried next round: %s", exc)
 
     def _heartbeat_loop(self) -> None:
@@ -342,3 +352,32 @@ class Worker:
             except OSError:
                 pass  # the supervisor removed it: it is shutting us down anyway
 
+
+    def _status_loop(self) -> None:
+        """This process's row in ``dispatcher_processes``: one upsert per
+        ``workers.status_interval``.  Off the hot path, on its own connection;
+        any failure is logged once (and its end once) and never reaches delivery."""
+        host, pid, started = socket.gethostname(), os.getpid(), time.time()
+        failing = False
+        while True:
+            try:
+                self._presence.beat(host, pid, started, self._held)
+                if failing:
+                    log.info("status heartbeat recorded again")
+                failing = False
+            except Exception as exc:  # a StoreError, or anything else: this loop must not end
+                if not failing:
+                    log.warning("status heartbeat not recorded (status/check will see this process as silent): %s",
+                                exc)
+                failing = True
+            if self._stopping.wait(self.config.workers.status_interval):
+                return
+
+    def _leave(self, status: gevent.Greenlet) -> None:
+        """Stopped gracefully: remove our row, so status lists live processes only."""
+        status.join(timeout=2)
+        status.kill(block=True, timeout=1)
+        try:
+            self._presence.leave()
+        except Exception as exc:  # best effort: a silent row ages out of the live list anyway
+            log.info("status row not removed: %s", exc)

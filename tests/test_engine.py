@@ -159,7 +159,7 @@ def test_metrics_reach_a_real_udp_statsd(db, write_config, tmp_path: Path, recei
     listener.settimeout(0.2)
     seed_workspace(db.dsn, "ws", [receiver.url("ok", "a"), receiver.url("status", "b", code=500)])
     config = write_config(db, statsd={"enabled": True, "host": "127.0.0.1", "port": listener.getsockname()[1],
-                                      "prefix": "dx"},
+                                      "prefix": "dx", "tags": "none"},
                           alerts={"check_interval": "200ms"}, retry={"base": "10s"})
     produce(config, db.dsn, "ws", 2)
     names: set[str] = set()
@@ -229,6 +229,6 @@ def test_backlog_alert_fires_from_one_process(db, write_config, tmp_path: Path, 
         wait_until(lambda: "backlog alert:" in dispatcher.log(), message="the backlog alert")
         time.sleep(1.0)  # several check intervals: a second evaluator would have spoken by now
     log = dispatcher.log()
-    assert "over 5 pending rows due for more than" in log
+    assert "more than 5 pending rows overdue by more than 0.1s" in log
     alerting = {line.split("[", 1)[1].split("]", 1)[0] for line in log.splitlines() if "backlog alert:" in line}
     assert len(alerting) == 1, f"exactly one process per region evaluates the alert: {alerting}"

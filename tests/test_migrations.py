@@ -105,6 +105,17 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "consecutive_failures": required("integer", "0"),
         "open_until": optional(TIMESTAMPTZ),
     },
+    # 0005: one row per dispatcher worker process (issue 11: status and check read the fleet from here).
+    "dispatcher_processes": {
+        "owner": required("text"),
+        "region": required("text"),
+        "host": required("text"),
+        "pid": required("integer"),
+        "started_at": required(TIMESTAMPTZ),
+        "heartbeat_at": required(TIMESTAMPTZ, "now()"),
+        "in_flight": required("integer", "0"),
+        "leader_at": optional(TIMESTAMPTZ),
+    },
 }
 
 PRIMARY_KEYS = {
@@ -114,6 +125,7 @@ PRIMARY_KEYS = {
     "webhook_deliveries": ("id",),
     "webhook_delivery_attempts": ("id",),
     "endpoint_state": ("endpoint_id",),
+    "dispatcher_processes": ("owner",),
 }
 
 # (table, key columns, partial-index predicate, unique)

@@ -211,23 +211,38 @@ RETURNING id;
 SELECT pg_try_advisory_lock(hashtext('dispatcher.leader.' || %(region)s));
 
 -- name: engine_backlog
--- Bounded: the count stops at threshold + 1, and the oldest due row skips
--- endpoints whose breaker is open (their wait is by design, not backlog).
+-- The figures of the backlog rule (dispatcher/health.py BacklogRule), read by
+-- both the upkeep leader's alert and `dispatcher check`, so the two agree.
+-- Only endpoints whose breaker is closed count toward the backlog: rows behind
+-- an open or half-open breaker wait by design (a customer's maintenance
+-- window) and are reported apart, as held_rows.  Bounded: the count stops at
+-- threshold + 1, and the oldest due row comes from the pending index.
 SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM webhook_deliveries
-             WHERE status = 'pending' AND next_attempt_at <= now() - make_interval(secs => %(row_age)s)
-             LIMIT %(threshold)s + 1) old) AS old_rows,
+            SELECT 1 FROM webhook_deliveries d
+             WHERE d.status = 'pending' AND d.next_attempt_at <= now() - make_interval(secs => %(row_age)s)
+               AND NOT EXISTS (SELECT 1 FROM endpoint_state s
+                                WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
+             LIMIT %(threshold)s + 1) old) AS overdue_rows,
        (SELECT extract(epoch FROM now() - d.next_attempt_at)::float8
           FROM webhook_deliveries d
          WHERE d.status = 'pending' AND d.next_attempt_at <= now()
            AND NOT EXISTS (SELECT 1 FROM endpoint_state s
-                            WHERE s.endpoint_id = d.endpoint_id AND s.state = 'open')
+                            WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
          ORDER BY d.next_attempt_at
          LIMIT 1) AS oldest_age,
+       (SELECT count(*) FROM endpoint_state s
+          JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id
+                                   AND d.status = 'pending' AND d.next_attempt_at <= now()
+         WHERE s.state <> 'closed') AS held_rows,
        (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
 
 -- name: engine_open_breakers
-SELECT endpoint_id, state FROM endpoint_state WHERE state <> 'closed' ORDER BY endpoint_id;
+-- Breakers to publish as webhook_breaker_open: every open or half-open one
+-- (1), and those that opened within the last day but are closed again (0), so
+-- a gauge set to 1 is set back to 0 even by a leader that never saw it open.
+SELECT endpoint_id, state FROM endpoint_state
+ WHERE state <> 'closed' OR opened_at > now() - interval '1 day'
+ ORDER BY endpoint_id;
 
 -- name: engine_expired_candidates
 -- Rows of endpoints whose breaker is not closed that may have passed their

@@ -22,6 +22,7 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from dispatcher.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
+from dispatcher.health import BacklogFigures, BacklogRule
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
 from dispatcher.store.errors import translate
 
@@ -43,6 +44,12 @@ def _named(cur: Any) -> list[dict[str, Any]]:
     never silently swap two fields of the same type."""
     names = [column.name for column in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def backlog_figures(row: dict[str, Any]) -> BacklogFigures:
+    """An ``engine_backlog`` row, by column name."""
+    return BacklogFigures(overdue_rows=int(row["overdue_rows"]), oldest_age=row["oldest_age"],
+                          held_rows=int(row["held_rows"]), open_breakers=int(row["open_breakers"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,11 +339,12 @@ class EngineStore:
             cur.execute(QUERIES["engine_try_leader"], {"region": region})
             return bool(cur.fetchone()[0])
 
-    def backlog(self, row_age: float, threshold: int) -> tuple[int, float | None, int]:
+    def backlog(self, rule: BacklogRule) -> BacklogFigures:
+        """The backlog rule's figures (engine_backlog, shared with ``dispatcher check``)."""
         with self._conn.statement() as cur:
-            cur.execute(QUERIES["engine_backlog"], {"row_age": row_age, "threshold": threshold})
+            cur.execute(QUERIES["engine_backlog"], {"row_age": rule.row_age, "threshold": rule.rows})
             (row,) = _named(cur)
-            return int(row["old_rows"]), row["oldest_age"], int(row["open_breakers"])
+            return backlog_figures(row)
 
     def open_breakers(self) -> list[tuple[int, str]]:
         with self._conn.statement() as cur:

@@ -1,0 +1,101 @@
+"""The region's health rules, pure: figures and thresholds in, a verdict out.
+
+Written once and used twice, so that the two can never disagree:
+
+* the upkeep leader's in-process backlog alert (``dispatcher.upkeep``), and
+* ``dispatcher check``, the external probe that reads the database itself and
+  therefore still fires when every dispatcher is dead (``dispatcher.status``).
+
+Both measure the backlog with the same named query (``engine_backlog``) into a
+:class:`BacklogFigures` and judge it with :class:`BacklogRule`.  Rows waiting
+behind an open or half-open breaker are measured separately (``held_rows``)
+and never count toward the backlog: their wait is the breaker's design, and
+alerting on them would page on every customer's maintenance window.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Severity(enum.IntEnum):
+    """Nagios plugin exit codes, which ``dispatcher check`` exits with."""
+
+    OK = 0
+    WARNING = 1
+    CRITICAL = 2
+    UNKNOWN = 3
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogFigures:
+    """What ``engine_backlog`` measured; every figure counts closed-breaker endpoints only, but ``held_rows``."""
+
+    overdue_rows: int           # pending rows due for longer than the rule's row_age (bounded at rows + 1)
+    oldest_age: float | None    # seconds the oldest due pending row has waited; None: nothing is due
+    held_rows: int              # due pending rows behind an open or half-open breaker
+    open_breakers: int          # endpoints whose breaker is open or half-open
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogRule:
+    """RFC-014 "Backlog growth": alert when more than ``rows`` pending rows are
+    overdue by more than ``row_age`` seconds, or when the oldest pending row is
+    overdue by more than ``oldest_age`` seconds."""
+
+    rows: int = 10_000
+    row_age: float = 300.0
+    oldest_age: float = 900.0
+
+    def breaches(self, figures: BacklogFigures) -> list[str]:
+        """One line per breached condition; empty when the backlog is healthy."""
+        found = []
+        if figures.overdue_rows > self.rows:
+            found.append(f"more than {self.rows} pending rows overdue by more than {self.row_age:g}s")
+        if (figures.oldest_age or 0.0) > self.oldest_age:
+            found.append(f"oldest pending row overdue by {figures.oldest_age:.0f}s (limit {self.oldest_age:g}s)")
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFigures:
+    """The fleet as the database last saw it (``dispatcher_processes``)."""
+
+    heartbeat_age: float | None   # seconds since the freshest worker heartbeat; None: no worker ever beat
+    workers_alive: int            # processes whose heartbeat is within the rule's heartbeat_age
+    leader_age: float | None      # seconds since the freshest upkeep round of a leader; None: never
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRule:
+    heartbeat_age: float = 60.0   # no worker heartbeat for longer: the fleet is dead (CRITICAL)
+    leader_age: float = 120.0     # no upkeep round for longer while workers live: no leader (WARNING)
+
+    def breaches(self, figures: FleetFigures) -> tuple[Severity, list[str]]:
+        if figures.heartbeat_age is None:
+            return Severity.CRITICAL, ["dead fleet: no dispatcher worker has ever recorded a heartbeat"]
+        if figures.heartbeat_age > self.heartbeat_age:
+            return Severity.CRITICAL, [f"dead fleet: no worker heartbeat for {figures.heartbeat_age:.0f}s "
+                                       f"(limit {self.heartbeat_age:g}s)"]
+        if figures.leader_age is None or figures.leader_age > self.leader_age:
+            since = "ever" if figures.leader_age is None else f"for {figures.leader_age:.0f}s"
+            return Severity.WARNING, [f"no upkeep leader: no upkeep round {since} (limit {self.leader_age:g}s); "
+                                      "backlog alerts, gauges, sweeps and retention are not running"]
+        return Severity.OK, []
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    severity: Severity
+    problems: tuple[str, ...]
+
+
+def judge(backlog: BacklogFigures, fleet: FleetFigures, backlog_rule: BacklogRule, fleet_rule: FleetRule) -> Verdict:
+    """``dispatcher check``'s verdict: a backlog breach is CRITICAL (the RFC's
+    page), a dead fleet CRITICAL, a missing leader WARNING; held rows never alert."""
+    severity, problems = fleet_rule.breaches(fleet)
+    backlog_problems = backlog_rule.breaches(backlog)
+    if backlog_problems:
+        severity = Severity.CRITICAL
+    return Verdict(severity, tuple(backlog_problems + problems))
