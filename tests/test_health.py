@@ -19,7 +19,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.status import check_main
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.upkeep import Upkeep
-from tests.support.engine import query, seed_workspace
+from dispatcher_devtools.kit import query, seed_workspace
 
 RULE = BacklogRule(rows=3, row_age=60.0, oldest_age=600.0)
 HEALTHY_FLEET = FleetFigures(heartbeat_age=1.0, workers_alive=2, leader_age=5.0)

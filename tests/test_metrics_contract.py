@@ -21,7 +21,7 @@ from dispatcher.config import config_from_mapping
 from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.upkeep import Upkeep
-from tests.support.engine import Dispatcher, produce, query, seed_workspace, wait_until
+from dispatcher_devtools.kit import Dispatcher, produce, query, seed_workspace, wait_until
 from tests.support.metricsdoc import EMITTERS, Row, documented
 
 pytestmark = pytest.mark.timeout(180)

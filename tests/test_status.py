@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.engine import REPO, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.kit import REPO, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
