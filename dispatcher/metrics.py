@@ -71,6 +71,15 @@ class Metrics:
         except OSError:
             pass
 
+    def timing(self, name: str, seconds: float) -> None:
+        """One timer sample (statsd timers are in ms)."""
+        if self._client is None:
+            return
+        try:
+            self._client.timing(name, seconds * 1000.0)
+        except OSError:
+            pass
+
     def breakers(self, states: Iterable[tuple[int, bool]]) -> None:
         """Per-endpoint breaker gauges, plus the count of open ones."""
         if self._client is None:
