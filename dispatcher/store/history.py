@@ -177,7 +177,10 @@ def replay(conn: Connection, workspace_id: str, delivery_id: int, limit: int) ->
         rows = run_query(conn, "api_replay_source", {"id": delivery_id, "workspace_id": workspace_id})
         if not rows:
             raise NotFound(f"delivery {delivery_id} does not exist")
-        endpoint_id, event_id, payload_hash, endpoint_exists, endpoint_active, event_exists_ = rows[0]
+        endpoint_id, event_id, payload_hash, endpoint_exists, endpoint_active, event_exists_, shadow_off = rows[0]
+        if shadow_off:
+            raise Conflict(f"delivery {delivery_id} is a shadow (rollout phase 0) row and this workspace's "
+                           "webhook outbox is off; it cannot be replayed as a live send")
         if not endpoint_exists:
             raise Conflict(f"endpoint {endpoint_id} has been deleted; the delivery cannot be replayed")
         if not endpoint_active:
