@@ -282,7 +282,8 @@ _SECTIONS: dict[str, type] = {
 @dataclass(frozen=True)
 class Config:
     region: str = setting("local", _region, "region name; each region runs its own dispatchers and database (Q4)")
-    dry_run: bool = setting(False, _boolean, "rollout phase 0: shadow rows are marked delivered unsent; live rows are always sent")
+    dry_run: bool = setting(False, _boolean,
+                            "rollout phase 0: shadow rows are marked delivered unsent; live rows are always sent")
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     http: HttpConfig = field(default_factory=HttpConfig)

@@ -526,7 +526,8 @@ class TestSequence:
                         cur.execute(migration.sql)
                         cur.execute(store.QUERIES["record_migration"],
                                     {"version": migration.version, "name": migration.name})
-                cur.execute("INSERT INTO workspaces (id, secret, flags) VALUES ('ws', 's', '{\"webhook_outbox\": true}')")
+                cur.execute("INSERT INTO workspaces (id, secret, flags) "
+                            "VALUES ('ws', 's', '{\"webhook_outbox\": true}')")
                 cur.execute("INSERT INTO event_sequences VALUES ('ws', 41)")
                 cur.execute("INSERT INTO events (id, workspace_id, type, sequence, payload) "
                             "VALUES ('old', 'ws', 't', 41, '{}')")

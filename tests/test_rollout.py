@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import falcon.testing
-import psycopg2
 import pytest
 
 from dispatcher import Event, WebhookSender, load_config
