@@ -37,14 +37,16 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dispatcher import store
 from dispatcher.config import Config
 from dispatcher.message import delivery_headers, event_body, format_timestamp, signing_keys
 from dispatcher.metrics import Metrics
 from dispatcher.store.producer import SendResult, send_event
-from dispatcher.transport import Transport
+
+if TYPE_CHECKING:  # the transport module imports gevent: producers must not load it just by importing us
+    from dispatcher.transport import Transport
 
 log = logging.getLogger("dispatcher.producer")
 
