@@ -12,10 +12,18 @@ Both are timed from the first statement to COMMIT's return.  The added
 latency is reported as p50/p99 of "with send" minus the same percentile of
 the baseline, and the send call alone is reported too.  The dispatcher is
 not running (the producer's cost, not contention, is measured).
+
+``contention`` (issue 10): 16 producer *processes*, each running
+transactions of "UPDATE own jobs row, send(), 5 ms of work, COMMIT", once
+with every producer in one hot workspace and once with 16 separate
+workspaces.  Target: the hot workspace's send() p99 within 2x of the
+separate workspaces' p99 in the same run (producers of one workspace must not
+queue on each other's transactions).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import random
 import time
 from typing import Any
@@ -28,10 +36,13 @@ from benchmarks.harness import (
 )
 from dispatcher import Event, WebhookSender
 from dispatcher.config import config_from_mapping
-from dispatcher_devtools.kit import SECRET, seed_endpoints
+from dispatcher_devtools.kit import SECRET, Database, seed_endpoints
 
 TARGET_ADDED_P99_MS = 1.0
 RFC_ADDED_P99_MS = 2.0
+CONTENTION_PRODUCERS = 16
+CONTENTION_WORK_S = 0.005
+CONTENTION_TARGET_RATIO = 2.0
 
 
 def run(tiny: bool = False) -> dict[str, Any]:
@@ -93,11 +104,82 @@ def run(tiny: bool = False) -> dict[str, Any]:
         "load_average_before": load_before,
         "load_average_after": load_after,
     }
-    result["met"] = p99_added * 1000 <= TARGET_ADDED_P99_MS and result["lost"] == 0
+    result["contention"] = contention(tiny)
+    result["met"] = p99_added * 1000 <= TARGET_ADDED_P99_MS and result["lost"] == 0 and result["contention"]["met"]
     result["table"] = [
         ("added p50 ms", result["added_p50_ms"], "report"),
         ("added p99 ms", result["added_p99_ms"], f"<= {TARGET_ADDED_P99_MS:g} (RFC {RFC_ADDED_P99_MS:g})"),
         ("send() alone p99 ms", result["send_call"]["p99_ms"], "report"),
         ("commit-only txn p99 ms", result["baseline_txn"]["p99_ms"], "report"),
+        ("16 producers, hot workspace: send() p99 ms", result["contention"]["hot"]["send_call"]["p99_ms"],
+         f"<= {CONTENTION_TARGET_RATIO:g}x separate"),
+        ("16 producers, separate workspaces: send() p99 ms",
+         result["contention"]["separate"]["send_call"]["p99_ms"], "report"),
     ]
     return result
+
+
+def _contending_producer(dsn: str, workspace: str, job: int, rounds: int, start: Any, out: Any) -> None:
+    """One producer process: UPDATE its jobs row, send(), 5 ms of work, COMMIT; sends its timings back."""
+    import psycopg2
+
+    sender = WebhookSender(config_from_mapping({"database": {"dsn": dsn}}, env={}))
+    conn = psycopg2.connect(dsn)
+    sends: list[float] = []
+    txns: list[float] = []
+    start.wait()
+    for n in range(rounds):
+        began = time.perf_counter()
+        with conn.cursor() as cur:
+            cur.execute("UPDATE jobs SET status = %s, updated_at = now() WHERE id = %s", (f"s{n}", job))
+        before = time.perf_counter()
+        sender.send(conn, Event(workspace, "job.completed", {"job": f"j-{job}", "n": n}))
+        sends.append(time.perf_counter() - before)
+        time.sleep(CONTENTION_WORK_S)  # the request's own work, inside the transaction
+        conn.commit()
+        txns.append(time.perf_counter() - began)
+    conn.close()
+    out.put((sends[rounds // 10:], txns[rounds // 10:]))  # the first tenth is warm-up
+
+
+def _contention_run(db: Database, hot: bool, rounds: int) -> dict[str, Any]:
+    context = multiprocessing.get_context("spawn")  # a clean interpreter per producer, as separate hosts would be
+    start = context.Barrier(CONTENTION_PRODUCERS)
+    out = context.Queue()
+    procs = [context.Process(target=_contending_producer,
+                             args=(db.dsn, "ws0" if hot else f"ws{i}", i + 1, rounds, start, out))
+             for i in range(CONTENTION_PRODUCERS)]
+    for proc in procs:
+        proc.start()
+    sends: list[float] = []
+    txns: list[float] = []
+    for _ in procs:
+        got_sends, got_txns = out.get(timeout=600)
+        sends += got_sends
+        txns += got_txns
+    for proc in procs:
+        proc.join(timeout=60)
+    return {"send_call": summary_ms(sends), "txn": summary_ms(txns), "samples": len(sends)}
+
+
+def contention(tiny: bool = False) -> dict[str, Any]:
+    rounds = 30 if tiny else 400
+    with bench_database("producer_contention") as db:
+        seed_endpoints(db.connect(), [[f"http://127.0.0.1:9/ok/p{w}-{i}" for i in range(10)]
+                                      for w in range(CONTENTION_PRODUCERS)], secret=SECRET)
+        conn = db.connect()
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, status text NOT NULL, "
+                        "updated_at timestamptz NOT NULL DEFAULT now())")
+            cur.execute("INSERT INTO jobs (id, status) SELECT g, 'new' FROM generate_series(1, 100) g")
+        conn.commit()
+        conn.close()
+        load_before = load_average()
+        separate = _contention_run(db, hot=False, rounds=rounds)
+        hot = _contention_run(db, hot=True, rounds=rounds)
+    hot_p99, separate_p99 = hot["send_call"]["p99_ms"] or 0.0, separate["send_call"]["p99_ms"] or 0.0
+    ratio = round(hot_p99 / separate_p99, 2) if separate_p99 else None
+    return {"producers": CONTENTION_PRODUCERS, "work_in_txn_ms": CONTENTION_WORK_S * 1000, "rounds_each": rounds,
+            "hot": hot, "separate": separate, "hot_to_separate_p99": ratio,
+            "target_ratio": CONTENTION_TARGET_RATIO, "load_average_before": load_before,
+            "met": ratio is not None and ratio <= CONTENTION_TARGET_RATIO}

@@ -14,11 +14,11 @@ import secrets
 import sys
 from collections.abc import Callable, Sequence
 
-from dispatcher import __version__, store
+from dispatcher import __version__, gate, rollout, store
 from dispatcher.config import Config, load_config
 from dispatcher.embedded import resolve_dsn
-from dispatcher.entry import UsageError, run_command
-from dispatcher.exitcodes import ExitCode
+from dispatcher.entry import run_command
+from dispatcher.exitcodes import ExitCode, UsageError
 from dispatcher.logsetup import quiet_libraries
 
 Command = Callable[[Config, argparse.Namespace], int]
@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--id", required=True)
     create.add_argument("--secret", help="signing secret (default: a new random whsec_ secret)")
     create.add_argument("--flag", action="append", type=_flag, default=[], help="NAME=on|off, e.g. webhook_outbox=on")
+    rollout.add_flag_parser(workspace)
     endpoint = commands.add_parser("endpoint", help="manage endpoints").add_subparsers(dest="action", required=True)
     add = endpoint.add_parser("add", help="register an endpoint; prints its id")
     add.add_argument("--workspace", required=True)
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     tcreate = token.add_parser("create", help="create an API token; prints it once")
     tcreate.add_argument("--workspace", required=True)
     tcreate.add_argument("--scope", default="webhooks:read", help="comma-separated scopes")
+    rollout.add_parsers(commands)
+    gate.add_parser(commands)
     return parser
 
 
@@ -85,6 +88,8 @@ def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
+    if args.action == "flag":
+        return rollout.cmd_flag(config, args)
     secret = args.secret or "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
     existed = store.create_workspace(_connect(config), args.id, secret, dict(args.flag))
     print(f"workspace {args.id} {'updated' if existed else 'created'}")
@@ -145,6 +150,7 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Command] = {
     "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api, "demo": cmd_demo,
     "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token, "status": cmd_status,
+    "rollout": rollout.cmd_rollout, "gate": gate.cmd_gate,
 }
 
 

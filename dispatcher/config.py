@@ -308,7 +308,8 @@ class Config:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     # How the workers send; dry_run (phase 0) decides whether they send at all.
-    dry_run: bool = setting(False, _boolean, "mark rows delivered without sending (rollout phase 0)")
+    dry_run: bool = setting(False, _boolean,
+                            "rollout phase 0: shadow rows are marked delivered unsent; live rows are always sent")
     http: HttpConfig = field(default_factory=HttpConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)

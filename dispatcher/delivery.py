@@ -110,7 +110,9 @@ class DeliveryMaker:
             return terminal("endpoint deactivated")
         if row.event_type is None or row.payload is None:
             return terminal("event not found")
-        if row.mode == "shadow" or self._dry_run:
+        # Only shadow rows are ever marked delivered without a POST; dry_run
+        # must never swallow a live row (decisions 2026-12-01).
+        if row.mode == "shadow":
             return Outcome(Verdict.DELIVERED, "delivered", None, BreakerSignal.IGNORE, None)
         try:
             keys = signing_keys([s for s in (row.secret, row.previous_secret) if s])

@@ -7,6 +7,9 @@
 * :func:`check_schema` -- the boot check that the database is reachable and
   migrated, shared by the supervisor and the API server.
 
+``UsageError`` (bad command-line input, exit 2) lives in ``dispatcher.exitcodes``
+beside the codes: see there why it is not in ``dispatcher.cli``.
+
 This module must be importable before the patch: at import time it loads
 nothing but ``sys`` and the exit codes.  Everything else is imported inside
 the functions that need it, which run after the patch.
@@ -17,11 +20,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from dispatcher.exitcodes import ExitCode
+from dispatcher.exitcodes import ExitCode, UsageError
 
-
-class UsageError(Exception):
-    """Bad command-line input; exits with ExitCode.USAGE."""
+__all__ = ["check_schema", "exit_code_for", "patch_or_exit", "run_command"]
 
 
 def patch_or_exit(program: str) -> None:

@@ -15,3 +15,12 @@ class ExitCode(enum.IntEnum):
     WORKER_FAILED = 5           # a worker died of an unexpected error after booting
     SCHEMA_OUTDATED = 6         # the database is reachable but not migrated
     INTERRUPTED = 130           # SIGINT at the terminal
+
+
+class UsageError(Exception):
+    """Bad command-line input; exits with ExitCode.USAGE.
+
+    Defined here, not in ``dispatcher.cli``: under ``python -m dispatcher.cli``
+    that module runs as ``__main__``, and a command module importing
+    ``dispatcher.cli.UsageError`` would raise a class ``main`` does not catch.
+    """

@@ -89,6 +89,13 @@ class Metrics:
         """One endpoint's breaker gauge, on a transition."""
         self._send([self._line("webhook_breaker_open", breaker_gauge(state), "g", (("endpoint", str(endpoint_id)),))])
 
+    def producer_send(self, mode: str, total: float, write: float | None) -> None:
+        """``send()``'s own time (G2, the phase 0 gate), by path; and the outbox write alone."""
+        lines = [self._seconds("webhook_producer_send_seconds", total, (("mode", mode),))]
+        if write is not None:
+            lines.append(self._seconds("webhook_producer_outbox_write_seconds", write))
+        self._send(lines)
+
     def gauges(self, values: Iterable[tuple[str, float]]) -> None:
         """Unlabelled gauges, in one datagram (the upkeep leader's figures)."""
         self._send([self._line(name, value, "g") for name, value in values])
@@ -96,9 +103,13 @@ class Metrics:
     # -- wire format ---------------------------------------------------------
 
     def _latency(self, stage: str, seconds: float) -> str:
+        return self._seconds("webhook_delivery_latency_seconds", seconds, (("stage", stage),))
+
+    def _seconds(self, name: str, seconds: float, labels: Tags = ()) -> str:
+        """A duration: a histogram in seconds with tags, a statsd timer in ms without."""
         if self._tagged:
-            return self._line("webhook_delivery_latency_seconds", round(seconds, 6), "h", (("stage", stage),))
-        return self._line("webhook_delivery_latency_seconds", round(seconds * 1000.0, 3), "ms", (("stage", stage),))
+            return self._line(name, round(seconds, 6), "h", labels)
+        return self._line(name, round(seconds * 1000.0, 3), "ms", labels)
 
     def _line(self, name: str, value: float, kind: str, labels: Tags = ()) -> str:
         if self._tagged:

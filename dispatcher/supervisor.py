@@ -44,6 +44,11 @@ from dispatcher.store.engine import EngineStore, ManagedConnection
 
 log = logging.getLogger("dispatcher.supervisor")
 
+# Loud on purpose: an operator who set dry_run expecting "send nothing" must
+# learn that live rows are sent (decisions 2026-12-01, issue 10).
+DRY_RUN_WARNING = ("dry_run is on: mode='shadow' rows are marked delivered without a POST; "
+                   "mode='live' rows are still sent normally (dry run never skips a live row)")
+
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,
                    signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 RESTART_BACKOFF_MAX = 30.0
@@ -120,6 +125,8 @@ class Supervisor:
         self._install_signals()
         log.info("supervisor pid %d starting %d worker(s) for region %s event=supervisor_started", os.getpid(),
                  self.target, self.config.region)
+        if self.config.dry_run:
+            log.warning(DRY_RUN_WARNING)
         try:
             while True:
                 self._sleep(0.5)

@@ -393,7 +393,7 @@ class _BaseTransport:
         started = time.monotonic()
         # A BaseException, so no library's "except Exception" can swallow it; a
         # timeout that is not ours (the caller's own deadline) propagates.
-        deadline = gevent.Timeout(self._timeout)
+        deadline = self._new_deadline()
         deadline.start()
         try:
             status, retry_after, data = self._attempt(url, headers, body)
@@ -414,6 +414,10 @@ class _BaseTransport:
         finally:
             deadline.close()
         return TransportResult(status, data, None, "", retry_after, time.monotonic() - started)
+
+    def _new_deadline(self) -> Any:
+        """The attempt's total deadline: a ``gevent.Timeout`` (start/close); see dispatcher/legacy.py for threads."""
+        return gevent.Timeout(self._timeout)
 
     @staticmethod
     def _failed(error: ErrorClass, detail: str, started: float) -> TransportResult:

@@ -21,8 +21,8 @@ from pathlib import Path
 from dispatcher import store
 from dispatcher.config import DSN_ENV, Config
 from dispatcher.embedded import resolve_dsn
-from dispatcher.entry import UsageError, run_command
-from dispatcher.exitcodes import ExitCode
+from dispatcher.entry import run_command
+from dispatcher.exitcodes import ExitCode, UsageError
 from dispatcher.producer import Event, WebhookSender
 from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 

@@ -117,19 +117,7 @@ def test_concurrency_cap_per_endpoint(db, write_config, tmp_path: Path, receiver
     assert receiver.endpoint("slow")["max_concurrency"] == 4
 
 
-def test_dry_run_and_shadow_rows_are_marked_delivered_without_a_request(
-        db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
-    seed_workspace(db.dsn, "live", [receiver.url("ok", "dry")])
-    seed_workspace(db.dsn, "legacy", [receiver.url("ok", "shadow")], outbox=False)
-    produce(write_config(db), db.dsn, "live", 3)
-    produce(write_config(db, producer={"shadow_writes": True}), db.dsn, "legacy", 2)
-    legacy_posts = receiver.endpoint("shadow")["count"]  # the flag-off path posted synchronously
-    assert legacy_posts == 2
-    with Dispatcher(write_config(db, dry_run=True), tmp_path / "d.log"):
-        wait_until(lambda: status_counts(db.dsn).get("delivered") == 5, message="5 rows marked delivered")
-    assert receiver.stats()["total"] == legacy_posts
-    assert query(db.dsn, "SELECT mode, count(*) FROM webhook_deliveries GROUP BY mode ORDER BY mode") == [
-        ("live", 3), ("shadow", 2)]
+# Dry run and shadow rows: tests/test_rollout_engine.py (a live row is never marked without a POST).
 
 
 def test_rows_that_can_never_be_sent_end_failed(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:

@@ -307,7 +307,8 @@ class TestProducersStayUnpatched:
 
     def test_webhook_sender_is_the_producer_class(self, tmp_path: Path) -> None:
         result = probe(tmp_path, "from:dispatcher:WebhookSender")
-        assert {"dispatcher.producer", "psycopg2", "urllib3"} <= result.newly_loaded()
+        # urllib3 (and the transport) load on the first flag-off send, not on import.
+        assert {"dispatcher.producer", "psycopg2"} <= result.newly_loaded()
 
 
 class TestDevToolsPatchPreamble:

@@ -15,8 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pytest
 
+from dispatcher import Event, WebhookSender
 from dispatcher.config import config_from_mapping
 from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore, ManagedConnection
@@ -179,6 +181,34 @@ def test_a_new_leader_resets_breakers_that_closed_today(db, listener: socket.soc
         (str(endpoint), 0.0)]
 
 
-def test_the_producer_timer_is_reserved_not_sent() -> None:
-    (row,) = [row for row in documented() if row.name == "webhook_producer_send_seconds"]
-    assert row.sent_by not in EMITTERS
+@pytest.mark.parametrize("mode", ["dogstatsd", "none"])
+def test_the_producer_timers_arrive_as_documented(mode: str, db, listener: socket.socket) -> None:
+    seed_workspace(db.dsn, "live", [])
+    seed_workspace(db.dsn, "legacy", [], outbox=False)
+    config = config_from_mapping({
+        "region": "test", "database": {"dsn": db.dsn},
+        "statsd": {"enabled": True, "host": "127.0.0.1", "port": listener.getsockname()[1], "prefix": "dx.test",
+                   "tags": mode}})
+    sender = WebhookSender(config)
+    conn = psycopg2.connect(db.dsn)
+    try:
+        for workspace in ("live", "legacy"):
+            with conn:
+                sender.send(conn, Event(workspace, "job.created", {"n": 1}))
+    finally:
+        conn.close()
+    rows = [row for row in documented() if row.sent_by == "producer"]
+    assert {row.name for row in rows} == {"webhook_producer_send_seconds", "webhook_producer_outbox_write_seconds"}
+    seen: list[Line] = []
+    wait_until(lambda: receive(listener, seen) or len(seen) >= 3, message="the producer's three timer lines")
+    for row in rows:
+        if mode == "dogstatsd":
+            lines = [line for line in seen if line.name == row.name]
+            assert lines and all(line.kind == row.kind and set(line.tags) == row.tags for line in lines), (row, seen)
+        else:
+            pattern = plain_pattern(row.plain, "dx.test")
+            lines = [line for line in seen if pattern.fullmatch(line.name)]
+            assert lines and all(line.kind == row.plain_kind and not line.tags for line in lines), (row, seen)
+    modes = sorted(line.tags["mode"] if line.tags else line.name.rsplit(".", 1)[1]
+                   for line in seen if "send_seconds" in line.name)
+    assert modes == ["live", "off"]

@@ -99,6 +99,17 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "error": optional("text"),
         "response_excerpt": optional("text"),
     },
+    # 0004: the rollout controls (issue 10).
+    "rollout_settings": {
+        "singleton": required("boolean", "true"),
+        "percent": required("integer", "0"),
+        "updated_at": required(TIMESTAMPTZ, "now()"),
+    },
+    "rollout_workspaces": {
+        "workspace_id": required("text"),
+        "list": required("text"),
+        "updated_at": required(TIMESTAMPTZ, "now()"),
+    },
     "endpoint_state": {
         "endpoint_id": required("bigint"),
         "state": required("text", "'closed'::text"),
@@ -126,6 +137,8 @@ PRIMARY_KEYS = {
     "webhook_delivery_attempts": ("id",),
     "endpoint_state": ("endpoint_id",),
     "dispatcher_processes": ("owner",),
+    "rollout_settings": ("singleton",),
+    "rollout_workspaces": ("workspace_id",),
 }
 
 # (table, key columns, partial-index predicate, unique)
@@ -140,9 +153,11 @@ CHECKED_VALUES = {
     ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead"},
     ("webhook_deliveries", "mode"): {"live", "shadow"},
     ("endpoint_state", "state"): {"closed", "open", "half_open"},
+    ("rollout_workspaces", "list"): {"include", "exclude"},
 }
 
-FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",))}
+FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",)),
+                ("rollout_workspaces", ("workspace_id",), "workspaces", ("id",))}
 
 
 # ---------------------------------------------------------------- catalog helpers
@@ -444,3 +459,19 @@ class TestOutsideTools:
         fresh.query("INSERT INTO webhook_endpoints (workspace_id, url) VALUES ('other', 'https://e.example/')")
         assert fresh.query("SELECT workspace_id, count(*) FROM webhook_endpoints WHERE active "
                            "GROUP BY 1 ORDER BY 1") == [("other", 1), ("w", 10)]
+
+
+class TestRolloutSchema:
+    def test_one_settings_row_starting_at_zero_percent(self, fresh: Database) -> None:
+        assert fresh.query("SELECT percent FROM rollout_settings") == [(0,)]
+        with pytest.raises(psycopg2.errors.UniqueViolation):
+            fresh.query("INSERT INTO rollout_settings DEFAULT VALUES")
+
+    @pytest.mark.parametrize("percent", [-1, 101])
+    def test_percent_is_checked(self, fresh: Database, percent: int) -> None:
+        with pytest.raises(psycopg2.errors.CheckViolation):
+            fresh.query("UPDATE rollout_settings SET percent = %s", (percent,))
+
+    def test_event_sequence_is_not_cached_per_session(self, fresh: Database) -> None:
+        # A per-session cache would hand out numbers out of allocation order.
+        assert fresh.query("SELECT cache_size FROM pg_sequences WHERE sequencename = 'event_sequence'") == [(1,)]

@@ -2,8 +2,8 @@
 
 Flag on: one statement writes the event and the fan-out inside the caller's
 transaction.  Flag off: today's behaviour, one signed POST per subscribed
-endpoint after the caller commits, and no outbox rows (unless shadow writes
-are on).  Nothing here is mocked: the receiver is a stdlib HTTP server on
+endpoint made inline by ``send`` itself, and no outbox rows (unless shadow
+writes are on).  Nothing here is mocked: the receiver is a stdlib HTTP server on
 127.0.0.1 and signatures are checked with the ``standardwebhooks`` package a
 customer would use.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import socket
 import threading
 import time
 import uuid
@@ -32,6 +34,7 @@ from dispatcher import Event, WebhookSender, load_config, store
 from dispatcher.message import event_body
 from dispatcher.producer import ProducerError, StoredEvent
 from dispatcher.signing import as_standard_secret
+from dispatcher_devtools.kit import wait_until
 from tests.conftest import TestDatabase as Database
 
 SECRET = "plain-legacy-secret"
@@ -88,6 +91,8 @@ class Receiver:
     hang: dict[str, threading.Event] = field(default_factory=dict)  # path -> released at teardown
     on_request: Callable[[Request], Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    behaviour: dict[str, str] = field(default_factory=dict)  # path -> "trickle" | "endless" | "redirect"
+    aborted: list[str] = field(default_factory=list)  # paths whose client hung up before the body ended
 
     def url(self, path: str) -> str:
         port = self.server.server_address[1]
@@ -114,10 +119,36 @@ def receiver() -> Iterator[Receiver]:
             gate = me.hang.get(self.path)
             if gate is not None:
                 gate.wait(timeout=30)
+            special = me.behaviour.get(self.path)
+            if special is not None:
+                self.answer(me, special)
+                return
             self.send_response(me.status.get(self.path, 200))
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
+
+        def answer(self, me: Receiver, special: str) -> None:
+            if special == "redirect":
+                self.send_response(307)
+                self.send_header("Location", "/all")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            total = 200 if special == "trickle" else 256 * 1024 * 1024
+            self.send_response(200)
+            self.send_header("Content-Length", str(total))
+            self.end_headers()
+            chunk = b"x" if special == "trickle" else b"x" * 65536
+            try:
+                for _ in range(total // len(chunk)):
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                    if special == "trickle":
+                        time.sleep(0.05)
+            except OSError:  # the client hung up
+                with me.lock:
+                    me.aborted.append(self.path)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -248,9 +279,9 @@ class TestFanOut:
                       occurred_at=occurred)
         stored = sender.send(conn, event)
         conn.commit()
-        assert stored == StoredEvent("evt_given", "ws", "job.created", "live", 1, 3)
+        assert stored == StoredEvent("evt_given", "ws", "job.created", "live", stored.sequence, 3)
         assert db.query("SELECT workspace_id, type, sequence, occurred_at, payload FROM events WHERE id = %s",
-                        ("evt_given",)) == [("ws", "job.created", 1, occurred, dict(event.payload))]
+                        ("evt_given",)) == [("ws", "job.created", stored.sequence, occurred, dict(event.payload))]
         rows = db.query("SELECT workspace_id, status, mode, attempt, payload_hash, next_attempt_at <= now(), "
                         "locked_by, delivered_at FROM webhook_deliveries WHERE event_id = 'evt_given'")
         assert len(rows) == 3
@@ -263,7 +294,8 @@ class TestFanOut:
         first, second = sender.send(conn, job()), sender.send(conn, job())
         assert str(uuid.UUID(first.id)) == first.id
         assert first.id != second.id
-        assert (first.sequence, second.sequence) == (1, 2)
+        assert first.sequence is not None and second.sequence is not None
+        assert second.sequence > first.sequence
 
     def test_workspace_without_endpoints_still_records_the_event(
         self, db: Database, sender: WebhookSender, conn: CountingConnection
@@ -385,49 +417,43 @@ class TestBadInput:
 
 
 class TestSequence:
+    """The contract (docs/producer.md): unique per workspace and increasing in
+    allocation order, with gaps; *not* commit order.  Producers of one
+    workspace never wait for each other's transactions (decisions 2026-12-01)."""
+
     PRODUCERS = 8
     EVENTS_EACH = 40
 
-    def test_unique_and_in_commit_order_under_concurrent_producers(
+    def test_unique_and_increasing_in_allocation_order_under_concurrent_producers(
         self, db: Database, sender: WebhookSender
     ) -> None:
-        """8 producers, each on its own connection, write to one workspace.
-
-        Commit order is recorded soundly: each producer commits while holding a
-        Python lock and appends to the log before releasing it, so the log's
-        order *is* the order in which commits happened.  The sends themselves
-        run unserialised, with random pauses between send and commit (and some
-        rollbacks) to interleave transactions.  A sequence taken from e.g. a
-        Postgres SEQUENCE would then show up out of commit order; the per-
-        workspace counter row, locked until commit, cannot.
-        """
         make_workspace(db, "ws", outbox=True)
         add_endpoint(db, "ws", "http://127.0.0.1:9/all")
-        commit_log: list[tuple[int, str]] = []
-        commit_lock = threading.Lock()
+        committed: dict[int, list[tuple[int, str]]] = {}
         errors: list[BaseException] = []
         start = threading.Barrier(self.PRODUCERS)
 
         def produce(worker: int) -> None:
             rng = random.Random(worker)
             connection = db.connect()
+            mine: list[tuple[int, str]] = []
             try:
                 start.wait(timeout=30)
                 for n in range(self.EVENTS_EACH):
                     stored = sender.send(connection, job(worker=worker, n=n))
+                    assert stored.sequence is not None
                     if rng.random() < 0.5:
                         time.sleep(rng.random() / 1000)
                     if n % 7 == 3:
-                        connection.rollback()
+                        connection.rollback()  # leaves a gap
                         continue
-                    with commit_lock:
-                        connection.commit()
-                        assert stored.sequence is not None
-                        commit_log.append((stored.sequence, stored.id))
+                    connection.commit()
+                    mine.append((stored.sequence, stored.id))
             except BaseException as exc:
                 errors.append(exc)
             finally:
                 connection.close()
+                committed[worker] = mine
 
         threads = [threading.Thread(target=produce, args=(w,)) for w in range(self.PRODUCERS)]
         for thread in threads:
@@ -435,22 +461,80 @@ class TestSequence:
         for thread in threads:
             thread.join(timeout=100)
         assert not errors, errors
-        committed_per_producer = self.EVENTS_EACH - len([n for n in range(self.EVENTS_EACH) if n % 7 == 3])
-        assert len(commit_log) == self.PRODUCERS * committed_per_producer
-
-        sequences = [sequence for sequence, _ in commit_log]
-        assert sequences == sorted(sequences), "a later commit carries an earlier sequence"
-        assert len(set(sequences)) == len(sequences), "duplicate sequence"
+        for worker, mine in committed.items():
+            sequences = [sequence for sequence, _ in mine]
+            assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences), worker
+        everything = [entry for mine in committed.values() for entry in mine]
+        assert len({sequence for sequence, _ in everything}) == len(everything), "duplicate sequence"
         stored_rows = dict(db.query("SELECT id, sequence FROM events WHERE workspace_id = 'ws'"))
-        assert stored_rows == {event_id: sequence for sequence, event_id in commit_log}
+        assert stored_rows == {event_id: sequence for sequence, event_id in everything}
 
-    def test_each_workspace_counts_on_its_own(self, db: Database, sender: WebhookSender,
-                                              conn: CountingConnection) -> None:
+    def test_an_open_transaction_does_not_block_another_producer_of_the_workspace(
+        self, db: Database, sender: WebhookSender
+    ) -> None:
+        make_workspace(db, "ws", outbox=True)
+        add_endpoint(db, "ws", "http://127.0.0.1:9/all")
+        first, second = db.connect(), db.connect()
+        try:
+            held = sender.send(first, job())  # A sends and keeps its transaction open
+            with second.cursor() as cur:
+                # Were B to queue behind A (the old counter row), this fails instead of hanging.
+                cur.execute("SET lock_timeout = '10s'")
+            second.commit()
+            passed = sender.send(second, job())
+            second.commit()  # B commits while A is still open
+            assert first.status == psycopg2.extensions.STATUS_IN_TRANSACTION
+            assert held.sequence is not None and passed.sequence is not None
+            assert passed.sequence > held.sequence, "allocation order"
+            assert db.query("SELECT id FROM events") == [(passed.id,)]
+            first.commit()
+        finally:
+            first.close()
+            second.close()
+        # Committed out of allocation order: sequence order is allocation order, not commit order.
+        assert db.query("SELECT id FROM events ORDER BY sequence") == [(held.id,), (passed.id,)]
+
+    def test_each_workspace_increases_on_its_own(self, db: Database, sender: WebhookSender,
+                                                 conn: CountingConnection) -> None:
         make_workspace(db, "a", outbox=True)
         make_workspace(db, "b", outbox=True)
-        got = [sender.send(conn, job(ws)).sequence for ws in ["a", "a", "b", "a", "b"]]
+        got = [(ws, sender.send(conn, job(ws)).sequence) for ws in ["a", "a", "b", "a", "b"]]
         conn.commit()
-        assert got == [1, 2, 1, 3, 2]
+        for ws in ("a", "b"):
+            mine = [sequence for owner, sequence in got if owner == ws]
+            assert mine == sorted(mine) and len(set(mine)) == len(mine)
+
+    def test_a_rolled_back_send_leaves_a_gap_never_a_reuse(self, db: Database, sender: WebhookSender,
+                                                            conn: CountingConnection) -> None:
+        make_workspace(db, "ws", outbox=True)
+        lost = sender.send(conn, job()).sequence
+        conn.rollback()
+        kept = sender.send(conn, job()).sequence
+        conn.commit()
+        assert lost is not None and kept is not None and kept > lost
+        assert db.query("SELECT sequence FROM events") == [(kept,)]
+
+    def test_migration_continues_above_the_old_counters(self, empty_db: Database) -> None:
+        """Workspaces that produced under the counter table stay monotonic after 0004."""
+        conn = empty_db.connect()
+        try:
+            real = store.migrations()
+            with conn, conn.cursor() as cur:  # apply up to 0003 by hand, as an older release did
+                cur.execute(store.QUERIES["migrations_table"])
+                for migration in real:
+                    if migration.version < 4:
+                        cur.execute(migration.sql)
+                        cur.execute(store.QUERIES["record_migration"],
+                                    {"version": migration.version, "name": migration.name})
+                cur.execute("INSERT INTO workspaces (id, secret, flags) "
+                            "VALUES ('ws', 's', '{\"webhook_outbox\": true}')")
+                cur.execute("INSERT INTO event_sequences VALUES ('ws', 41)")
+                cur.execute("INSERT INTO events (id, workspace_id, type, sequence, payload) "
+                            "VALUES ('old', 'ws', 't', 41, '{}')")
+            assert store.migrate(conn) == [m.version for m in real if m.version >= 4]
+        finally:
+            conn.close()
+        assert empty_db.query("SELECT nextval('event_sequence')") == [(42,)]
 
 
 # ---------------------------------------------------------------- the endpoint limit
@@ -564,7 +648,15 @@ def wait_until_blocked(monitor: psycopg2.extensions.connection, pid: int, limit:
 # ---------------------------------------------------------------- flag off: today's synchronous path
 
 
+def legacy_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
+    """The ``key=value`` fields of every legacy webhook log line."""
+    return [dict(re.findall(r"(\w+)=(\S+)", r.getMessage())) for r in caplog.records
+            if r.getMessage().startswith("legacy webhook ")]
+
+
 class TestFlagOff:
+    """``send`` itself POSTs, inline, exactly as the synchronous path did (issue 10, RFC rollout plan)."""
+
     @pytest.fixture
     def urls(self, db: Database, receiver: Receiver) -> dict[str, str]:
         make_workspace(db, "ws", outbox=False)
@@ -575,16 +667,19 @@ class TestFlagOff:
         add_endpoint(db, "ws", urls["inactive"], ["job.created"], active=False)
         return urls
 
-    def test_one_signed_post_per_subscribed_endpoint_after_commit(
+    def test_send_then_commit_posts_once_per_subscribed_endpoint(
         self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         urls: dict[str, str],
     ) -> None:
-        with sender.transaction(conn) as tx:
-            stored = tx.send(job(job_id=42))
-            assert receiver.received() == [], "a webhook left before the commit"
-        assert (stored.mode, stored.sequence, stored.deliveries) == (None, None, 0)
+        """The drop-in call: ``send(conn, event)`` and the caller's own commit."""
+        open_transaction(conn)
+        stored = sender.send(conn, job(job_id=42))
+        assert sorted(r.path for r in receiver.received()) == ["/all", "/created"], "POSTed before send returned"
+        assert conn.status == psycopg2.extensions.STATUS_IN_TRANSACTION, "send never commits"
+        conn.commit()
+        assert (stored.mode, stored.sequence, stored.deliveries, stored.legacy_posts) == (None, None, 0, 2)
         requests = receiver.received()
-        assert sorted(r.path for r in requests) == ["/all", "/created"]
+        assert len(requests) == 2
         for request in requests:
             body = verified(request)
             assert body["id"] == stored.id == request.headers["webhook-id"] == request.headers["idempotency-key"]
@@ -593,91 +688,129 @@ class TestFlagOff:
             assert request.headers["x-larkspur-attempt"] == "1"
         assert nothing_written(db), "the flag-off path touched the outbox"
 
-    def test_signature_fails_with_another_secret(
+    def test_transaction_and_after_commit_do_not_send_again(
         self, sender: WebhookSender, conn: CountingConnection, receiver: Receiver, urls: dict[str, str]
     ) -> None:
         with sender.transaction(conn) as tx:
-            tx.send(job())
-        with pytest.raises(WebhookVerificationError):
-            verified(receiver.received()[0], secret="some-other-secret")
+            stored = tx.send(job(type_="job.completed"))
+        sender.after_commit(stored)  # callers of the earlier contract still call it
+        assert sorted(r.path for r in receiver.received()) == ["/all", "/completed"]
 
-    def test_nothing_is_sent_after_a_rollback(
+    def test_a_post_is_not_recalled_when_the_caller_rolls_back(
         self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         urls: dict[str, str],
     ) -> None:
+        """Today's behaviour, kept (docs/producer.md): the POST is made inline, before the outcome is known."""
         with pytest.raises(RuntimeError), sender.transaction(conn) as tx:
             tx.send(job())
             raise RuntimeError("domain write failed")
-        stored = sender.send(conn, job())
-        conn.rollback()  # managing the transaction by hand: after_commit is simply never called
-        assert stored.legacy_urls
-        assert receiver.received() == []
+        assert sorted(r.path for r in receiver.received()) == ["/all", "/created"]
         assert nothing_written(db)
 
-    def test_nothing_is_sent_when_the_commit_fails(
-        self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
-        urls: dict[str, str],
-    ) -> None:
-        db.query("CREATE TABLE domain (k int UNIQUE DEFERRABLE INITIALLY DEFERRED)")
-        with pytest.raises(psycopg2.errors.UniqueViolation), sender.transaction(conn) as tx:
-            with conn.cursor() as cur:
-                cur.execute("INSERT INTO domain VALUES (1), (1)")  # only checked at COMMIT
-            tx.send(job())
-        assert receiver.received() == []
-
-    def test_after_commit_by_hand(
+    def test_signature_fails_with_another_secret(
         self, sender: WebhookSender, conn: CountingConnection, receiver: Receiver, urls: dict[str, str]
     ) -> None:
-        stored = sender.send(conn, job(type_="job.completed"))
-        conn.commit()
-        assert receiver.received() == []
-        sender.after_commit(stored)
-        assert sorted(r.path for r in receiver.received()) == ["/all", "/completed"]
+        sender.send(conn, job())
+        with pytest.raises(WebhookVerificationError):
+            verified(receiver.received()[0], secret="some-other-secret")
 
-    def test_failing_endpoints_are_logged_and_do_not_stop_the_others(
+    def test_failures_are_logged_with_ids_and_never_raised(
         self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
         urls: dict[str, str], caplog: pytest.LogCaptureFixture,
     ) -> None:
-        sender = WebhookSender(load_config(write_config(db, producer__legacy_timeout="200ms"), env={}))
+        sender = WebhookSender(load_config(write_config(db, producer__legacy_timeout="300ms"), env={}))
         receiver.status["/all"] = 500
         receiver.hang["/slow"] = threading.Event()
-        add_endpoint(db, "ws", "http://127.0.0.1:1/refused", ["job.created"])
-        add_endpoint(db, "ws", receiver.url("/slow"), ["job.created"])
+        refused = add_endpoint(db, "ws", "http://127.0.0.1:1/refused", ["job.created"])
+        slow = add_endpoint(db, "ws", receiver.url("/slow"), ["job.created"])
         caplog.set_level("INFO", logger="dispatcher.producer")
-        with sender.transaction(conn) as tx:
-            tx.send(job())
+        stored = sender.send(conn, job())
+        conn.commit()
         assert sorted(r.path for r in receiver.received()) == ["/all", "/created", "/slow"]
-        statuses = [r.getMessage().rsplit("status=", 1)[1].split()[0] for r in caplog.records
-                    if "legacy webhook" in r.getMessage()]
-        assert len(statuses) == 4
-        assert {"500", "200"} <= set(statuses)
-        assert len([s for s in statuses if not s.isdigit()]) == 2  # refused + timed out: error class names
+        lines = legacy_lines(caplog)
+        by_endpoint = {int(line["endpoint_id"]): line for line in lines}
+        assert len(lines) == len(by_endpoint) == 4
+        assert {line["workspace_id"] for line in lines} == {"ws"}
+        assert {line["event_id"] for line in lines} == {stored.id}
+        assert all(line["duration_ms"].isdigit() for line in lines)
+        assert sorted(line["status"] for line in lines) == ["200", "500", "connection", "timeout"]
+        assert (by_endpoint[refused]["status"], by_endpoint[slow]["status"]) == ("connection", "timeout")
 
     def test_a_bad_stored_secret_or_url_is_logged_not_raised(
         self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         urls: dict[str, str], caplog: pytest.LogCaptureFixture,
     ) -> None:
-        # The caller has committed by then: raising would look like a failed commit.
         caplog.set_level("INFO", logger="dispatcher.producer")
         add_endpoint(db, "ws", "http://[::1/unparseable", ["job.created"])
-        with sender.transaction(conn) as tx:
-            tx.send(job())
+        sender.send(conn, job())
         assert sorted(r.path for r in receiver.received()) == ["/all", "/created"]
         db.query("UPDATE workspaces SET secret = 'whsec_not*base64'")
-        with sender.transaction(conn) as tx:
-            tx.send(job())
+        sender.send(conn, job())
         assert len(receiver.received()) == 2  # nothing sent with a key that cannot be decoded
-        statuses = [r.getMessage().rsplit("status=", 1)[1].split()[0] for r in caplog.records
-                    if "legacy webhook" in r.getMessage()]
-        assert statuses.count("InvalidSecret") == 3
-        assert len(statuses) == 6
+        statuses = [line["status"] for line in legacy_lines(caplog)]
+        assert sorted(statuses) == ["200", "200", "invalid_secret", "invalid_secret", "invalid_secret",
+                                    "invalid_url"]
+
+    def test_the_deadline_is_total_not_per_read(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        urls: dict[str, str], caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """A receiver trickling its answer is cut off at the deadline, in a process gevent never patched."""
+        import gevent.monkey
+
+        assert not gevent.monkey.is_module_patched("socket"), "this must run in a plain, unpatched process"
+        sender = WebhookSender(load_config(write_config(db, producer__legacy_timeout="500ms"), env={}))
+        receiver.behaviour["/trickle"] = "trickle"  # a byte every 50 ms for 10 s: no single read waits 500 ms
+        add_endpoint(db, "ws", receiver.url("/trickle"), ["job.created"])
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        sender.send(conn, job())
+        assert sorted(line["status"] for line in legacy_lines(caplog)) == ["200", "200", "timeout"]
+
+    def test_the_response_read_is_capped(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        make_workspace(db, "ws", outbox=False)
+        add_endpoint(db, "ws", receiver.url("/endless"))
+        receiver.behaviour["/endless"] = "endless"  # a 256 MiB body
+        sender = WebhookSender(load_config(write_config(db, producer__legacy_timeout="20s"), env={}))
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        sender.send(conn, job())
+        assert [line["status"] for line in legacy_lines(caplog)] == ["200"]
+        wait_until(lambda: receiver.aborted, message="the receiver to see the hang-up")
+        assert receiver.aborted == ["/endless"], "the whole body was read"
+
+    def test_no_redirects_are_followed(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        make_workspace(db, "ws", outbox=False)
+        add_endpoint(db, "ws", receiver.url("/moved"))
+        receiver.behaviour["/moved"] = "redirect"  # 307 to /all
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        sender.send(conn, job())
+        assert [r.path for r in receiver.received()] == ["/moved"]
+        assert [line["status"] for line in legacy_lines(caplog)] == ["307"]
+
+    @pytest.mark.parametrize("target", ["receiver", "http://169.254.169.254/latest/meta-data/"])
+    def test_the_outbound_policy_refuses_private_and_metadata_targets(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        caplog: pytest.LogCaptureFixture, target: str,
+    ) -> None:
+        make_workspace(db, "ws", outbox=False)
+        add_endpoint(db, "ws", receiver.url("/all") if target == "receiver" else target)
+        sender = WebhookSender(load_config(write_config(db, http={"allow_private_networks": False}), env={}))
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        sender.send(conn, job())
+        assert receiver.received() == []
+        assert [line["status"] for line in legacy_lines(caplog)] == ["blocked"]
 
     def test_no_post_when_the_flag_is_on(self, db: Database, sender: WebhookSender, conn: CountingConnection,
                                          receiver: Receiver, urls: dict[str, str]) -> None:
         set_outbox_flag(db, "ws", True)
         with sender.transaction(conn) as tx:
             stored = tx.send(job())
-        assert (stored.mode, stored.deliveries, stored.legacy_urls) == ("live", 2, ())
+        assert (stored.mode, stored.deliveries, stored.legacy_posts) == ("live", 2, 0)
         assert receiver.received() == []
         assert count(db, "webhook_deliveries", "mode = 'live'") == 2
 
@@ -688,19 +821,48 @@ class TestFlagOff:
         new_secret = "whsec_" + "bmV3LXNlY3JldC1rZXktYnl0ZXM="
         with admin(db) as connection:
             store.rotate_workspace_secret(connection, "ws", new_secret)
-        with sender.transaction(conn) as tx:
-            tx.send(job(type_="technician.location"))
+        sender.send(conn, job(type_="technician.location"))
         (request,) = receiver.received()
         assert verified(request, SECRET) == verified(request, new_secret)
         assert len(request.headers["webhook-signature"].split()) == 2
 
         db.query("UPDATE workspaces SET secret_rotated_at = now() - interval '25 hours'")
-        with sender.transaction(conn) as tx:
-            tx.send(job(type_="technician.location"))
+        sender.send(conn, job(type_="technician.location"))
         latest = receiver.received()[-1]
         verified(latest, new_secret)
         with pytest.raises(WebhookVerificationError):
             verified(latest, SECRET)
+
+
+class TestProducerTimer:
+    """``webhook_producer_send_seconds.<path>`` and the outbox write, to a real UDP statsd listener."""
+
+    @pytest.fixture
+    def statsd_socket(self) -> Iterator[socket.socket]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5)
+        yield sock
+        sock.close()
+
+    def test_send_is_timed_by_path(self, db: Database, write_config: WriteConfig, conn: CountingConnection,
+                                   statsd_socket: socket.socket) -> None:
+        make_workspace(db, "on", outbox=True)
+        make_workspace(db, "off", outbox=False)
+        port = statsd_socket.getsockname()[1]
+        config = write_config(db, statsd={"enabled": True, "host": "127.0.0.1", "port": port, "prefix": "p",
+                                          "tags": "none"},
+                              producer__shadow_writes=True)
+        sender = WebhookSender(load_config(config, env={}))
+        sender.send(conn, job("on"))
+        sender.send(conn, job("off"))
+        lines: list[str] = []
+        while len(lines) < 4:  # one datagram per send(), a line per timer
+            lines += statsd_socket.recv(2048).decode().splitlines()
+        names = sorted(line.split(":")[0] for line in lines)
+        assert names == ["p.webhook_producer_outbox_write_seconds", "p.webhook_producer_outbox_write_seconds",
+                         "p.webhook_producer_send_seconds.live", "p.webhook_producer_send_seconds.shadow"]
+        assert all(line.endswith("|ms") for line in lines)
 
 
 class TestShadowWrites:
@@ -721,12 +883,13 @@ class TestShadowWrites:
         self, db: Database, shadow_sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         endpoints: dict[str, int],
     ) -> None:
-        # What the receiver's side can see of the database when the POST arrives:
-        # the shadow rows must already be committed.
+        # What another session sees when the POST arrives: nothing yet, the
+        # POST is inline in send(), as the synchronous path always was.
         receiver.on_request = lambda request: count(db, "webhook_deliveries", "mode = 'shadow'")
         with shadow_sender.transaction(conn) as tx:
             stored = tx.send(job())
-        assert (stored.mode, stored.sequence, stored.deliveries) == ("shadow", 1, 2)
+        assert (stored.mode, stored.deliveries, stored.legacy_posts) == ("shadow", 2, 2)
+        assert stored.sequence is not None
         rows = db.query("SELECT endpoint_id, mode, status FROM webhook_deliveries WHERE event_id = %s", (stored.id,))
         assert sorted(rows) == sorted([(endpoints["all"], "shadow", "pending"),
                                        (endpoints["created"], "shadow", "pending")])
@@ -734,9 +897,9 @@ class TestShadowWrites:
         requests = receiver.received()
         assert sorted(r.path for r in requests) == ["/all", "/created"]
         assert all(verified(r)["id"] == stored.id for r in requests)
-        assert [r.seen_by_db for r in requests] == [2, 2], "a POST left before the commit"
+        assert [r.seen_by_db for r in requests] == [0, 0], "the POST waited for the commit"
 
-    def test_shadow_rows_roll_back_with_the_caller(
+    def test_shadow_rows_roll_back_with_the_caller_the_post_stays_made(
         self, db: Database, shadow_sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         endpoints: dict[str, int],
     ) -> None:
@@ -744,7 +907,21 @@ class TestShadowWrites:
             tx.send(job())
             raise ValueError("nope")
         assert nothing_written(db)
-        assert receiver.received() == []
+        assert sorted(r.path for r in receiver.received()) == ["/all", "/created"]
+
+    def test_legacy_log_line_names_workspace_endpoint_and_event(
+        self, db: Database, shadow_sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
+        endpoints: dict[str, int], caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        receiver.status["/created"] = 503
+        stored = shadow_sender.send(conn, job())
+        conn.commit()
+        lines = sorted(legacy_lines(caplog), key=lambda line: int(line["endpoint_id"]))
+        assert [(line["workspace_id"], int(line["endpoint_id"]), line["event_id"], line["status"])
+                for line in lines] == [("ws", endpoints["all"], stored.id, "200"),
+                                       ("ws", endpoints["created"], stored.id, "503")]
+        assert all(line["duration_ms"].isdigit() for line in lines)
 
     def test_flag_on_ignores_shadow_writes(
         self, db: Database, shadow_sender: WebhookSender, conn: CountingConnection, receiver: Receiver,

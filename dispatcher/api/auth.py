@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dispatcher import store
-from dispatcher.entry import UsageError
+from dispatcher.exitcodes import UsageError
 from dispatcher.store import api_data
 
 READ = "webhooks:read"

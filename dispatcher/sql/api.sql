@@ -64,7 +64,16 @@ SELECT d.endpoint_id, d.event_id, d.payload_hash,
        e.id IS NOT NULL AS endpoint_exists,
        coalesce(e.active, false) AS endpoint_active,
        EXISTS (SELECT 1 FROM events ev WHERE ev.id = d.event_id AND ev.workspace_id = d.workspace_id)
-           AS event_exists
+           AS event_exists,
+       -- A replay row is always live: replaying a shadow row of a workspace
+       -- whose outbox is off would be a live send the rollout has not allowed.
+       d.mode = 'shadow' AND NOT EXISTS (
+           SELECT 1 FROM workspaces w
+             LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+            WHERE w.id = d.workspace_id
+              AND webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
+                                    (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id)))
+           AS shadow_while_off
   FROM webhook_deliveries d
   LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
  WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;

@@ -59,27 +59,31 @@ SELECT status, count(*) FROM webhook_deliveries
 
 -- name: send_event
 -- The producer's single round trip (2 ms p99 budget): decide the mode from
--- the workspace flag, take the next sequence, insert the event and fan out one
--- delivery per active subscribed endpoint, and return what the legacy
--- synchronous path needs when nothing is written.
+-- the rollout rule (webhook_outbox_on: explicit flag, then the lists, then the
+-- percentage), take a sequence number from a SEQUENCE (no row lock: producers
+-- of one workspace never wait for each other), insert the event and fan out
+-- one delivery per active subscribed endpoint, and return what the legacy
+-- synchronous path needs when the outbox is off.
 WITH ws AS (
-    SELECT id, secret, previous_secret, secret_rotated_at,
-           CASE WHEN flags -> 'webhook_outbox' = 'true'::jsonb THEN 'live'
+    SELECT w.id, w.secret, w.previous_secret, w.secret_rotated_at,
+           CASE WHEN webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
+                                       (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
+                THEN 'live'
                 WHEN %(shadow_writes)s THEN 'shadow' END AS mode
-      FROM workspaces WHERE id = %(workspace_id)s
+      -- A scalar subquery for the one-row settings table: joined, its
+      -- unanalysed row estimate (~2000) inflated the plan's cost past JIT's
+      -- threshold and each send paid ~1 s of compilation.
+      FROM workspaces w
+      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+     WHERE w.id = %(workspace_id)s
 ), targets AS (
     SELECT e.id, e.url FROM webhook_endpoints e JOIN ws ON e.workspace_id = ws.id
      WHERE e.active AND (e.event_types = '{}' OR %(type)s = ANY (e.event_types))
-), seq AS (
-    INSERT INTO event_sequences AS s (workspace_id, last_sequence)
-    SELECT id, 1 FROM ws WHERE mode IS NOT NULL
-    ON CONFLICT (workspace_id) DO UPDATE SET last_sequence = s.last_sequence + 1
-    RETURNING last_sequence
 ), event AS (
     INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
-    SELECT %(event_id)s, %(workspace_id)s, %(type)s, seq.last_sequence,
+    SELECT %(event_id)s, %(workspace_id)s, %(type)s, nextval('event_sequence'),
            coalesce(%(occurred_at)s::timestamptz, now()), %(payload)s::jsonb
-      FROM seq
+      FROM ws WHERE mode IS NOT NULL
     RETURNING sequence
 ), deliveries AS (
     INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
@@ -98,5 +102,7 @@ SELECT ws.mode,
             THEN ARRAY(SELECT url FROM targets ORDER BY id) END AS legacy_urls,
        -- jsonb's own text form, so the synchronous body is byte-identical to
        -- what the dispatcher sends for the same event (it reads payload::text).
-       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN %(payload)s::jsonb::text END AS legacy_payload
+       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN %(payload)s::jsonb::text END AS legacy_payload,
+       CASE WHEN ws.mode IS DISTINCT FROM 'live'
+            THEN ARRAY(SELECT id FROM targets ORDER BY id) END AS legacy_endpoint_ids
   FROM ws;

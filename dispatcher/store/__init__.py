@@ -204,28 +204,3 @@ def delivery_status_counts(conn: Connection, endpoint_ids: Sequence[int]) -> dic
     with transaction(conn):
         return {str(status): int(n) for status, n in
                 run_query(conn, "delivery_status_counts", {"endpoint_ids": list(endpoint_ids)})}
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """What ``send_event`` wrote, and what the legacy path needs when it wrote nothing live."""
-
-    mode: str | None
-    sequence: int | None
-    deliveries: int
-    secrets: tuple[str, ...]
-    legacy_urls: tuple[str, ...]
-    legacy_payload: str | None
-
-
-def send_event(conn: Connection, params: Mapping[str, Any]) -> SendResult | None:
-    """Run the producer's single statement inside the caller's transaction.
-
-    Returns None when the workspace does not exist (nothing was written).
-    """
-    rows = run_query(conn, "send_event", params)
-    if not rows:
-        return None
-    mode, sequence, deliveries, secret, previous, in_grace, urls, legacy_payload = rows[0]
-    secrets = tuple(s for s in (secret, previous if in_grace else None) if s)
-    return SendResult(mode, sequence, int(deliveries), secrets, tuple(urls or ()), legacy_payload)

@@ -147,7 +147,7 @@ def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: Replay
         if not rows:
             raise NotFound(f"delivery {delivery_id} does not exist")
         source = rows[0]
-        _check_replayable(source)
+        _check_replayable(delivery_id, source)
         run_query(conn, "api_replay_lock", {"workspace_id": workspace_id})
         _charge(conn, workspace_id, 1, budget)
         row = query_rows(conn, "api_insert_replay", {
@@ -157,8 +157,11 @@ def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: Replay
     return row
 
 
-def _check_replayable(source: Row) -> None:
+def _check_replayable(delivery_id: int, source: Row) -> None:
     endpoint_id, event_id = source["endpoint_id"], source["event_id"]
+    if source["shadow_while_off"]:
+        raise Conflict(f"delivery {delivery_id} is a shadow (rollout phase 0) row and this workspace's "
+                       "webhook outbox is off; it cannot be replayed as a live send")
     if not source["endpoint_exists"]:
         raise Conflict(f"endpoint {endpoint_id} has been deleted; the delivery cannot be replayed")
     if not source["endpoint_active"]:

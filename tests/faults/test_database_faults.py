@@ -125,7 +125,7 @@ def test_a_producer_killed_before_commit_leaves_neither_event_nor_rows(db, write
         conn.close()
     assert query(db.dsn, "SELECT count(*) FROM events") == [(0,)]
     assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries") == [(0,)]
-    assert query(db.dsn, "SELECT count(*) FROM event_sequences WHERE last_sequence > 0") == [(0,)]
+    # (Its sequence number is spent: sequences have gaps since 0004, docs/producer.md.)
     # The next producer transaction works as usual.
     assert len(produce(write_config(db), db.dsn, "ws", 1)) == 1
     assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries") == [(3,)]

@@ -1,0 +1,120 @@
+-- Rollout controls and gate reports (issue 10). Executed only by
+-- dispatcher/store/rollout.py. The outbox decision itself lives in the
+-- SQL functions of migration 0004 and in send_event (queries.sql).
+
+-- name: rollout_percent
+SELECT percent, updated_at FROM rollout_settings;
+
+-- name: rollout_set_percent
+UPDATE rollout_settings SET percent = %(percent)s, updated_at = now() RETURNING percent;
+
+-- name: rollout_unknown_workspaces
+SELECT i.id FROM unnest(%(ids)s::text[]) AS i(id)
+ WHERE NOT EXISTS (SELECT 1 FROM workspaces w WHERE w.id = i.id)
+ ORDER BY i.id;
+
+-- name: rollout_list
+INSERT INTO rollout_workspaces (workspace_id, list)
+SELECT DISTINCT i.id, %(list)s FROM unnest(%(ids)s::text[]) AS i(id)
+ON CONFLICT (workspace_id) DO UPDATE SET list = EXCLUDED.list, updated_at = now();
+
+-- name: rollout_unlist
+DELETE FROM rollout_workspaces WHERE workspace_id = ANY (%(ids)s::text[]);
+
+-- name: rollout_listed
+SELECT workspace_id, list FROM rollout_workspaces ORDER BY list, workspace_id;
+
+-- name: rollout_clear_flag
+UPDATE workspaces SET flags = flags - 'webhook_outbox' WHERE id = %(id)s RETURNING id;
+
+-- name: rollout_counts
+-- How many workspaces the rule puts on the outbox, and why.
+SELECT count(*) AS workspaces,
+       count(*) FILTER (WHERE webhook_outbox_on(w.flags -> 'webhook_outbox', r.list, p.percent,
+                                                rollout_bucket(w.id))) AS outbox_on,
+       count(*) FILTER (WHERE w.flags -> 'webhook_outbox' = 'true'::jsonb) AS flag_on,
+       count(*) FILTER (WHERE w.flags -> 'webhook_outbox' = 'false'::jsonb) AS flag_off,
+       count(*) FILTER (WHERE r.list = 'include') AS included,
+       count(*) FILTER (WHERE r.list = 'exclude') AS excluded
+  FROM workspaces w
+  LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+ CROSS JOIN (SELECT percent FROM rollout_settings) p;
+
+-- name: rollout_pending
+-- Rows still draining, by mode (served by webhook_deliveries_pending_age).
+SELECT mode, count(*) AS pending FROM webhook_deliveries WHERE status = 'pending' GROUP BY mode ORDER BY mode;
+
+-- name: gate_phase0
+-- Dry-run backlog age: a shadow row's creation to the dispatcher marking it
+-- (finished_at). A row not marked yet counts with its age so far, so a
+-- stopped dispatcher cannot pass the gate.
+SELECT count(*) AS rows,
+       count(*) FILTER (WHERE status = 'pending') AS unmarked,
+       percentile_cont(0.99) WITHIN GROUP (
+           ORDER BY extract(epoch FROM coalesce(finished_at, now()) - created_at)) AS p99_seconds
+  FROM webhook_deliveries
+ WHERE mode = 'shadow' AND created_at >= %(since)s
+   AND (%(workspaces)s::text[] IS NULL OR workspace_id = ANY (%(workspaces)s::text[]));
+
+-- name: gate_phase1_missing
+-- Events of the given workspaces queued for at least one endpoint (a live
+-- row) that the test receiver never got.
+SELECT e.id, e.workspace_id, e.type, e.created_at
+  FROM events e
+  LEFT JOIN unnest(%(received)s::text[]) AS r(id) ON r.id = e.id
+ WHERE e.workspace_id = ANY (%(workspaces)s::text[])
+   AND e.created_at >= %(since)s AND e.created_at < %(until)s
+   AND r.id IS NULL
+   AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.mode = 'live')
+ ORDER BY e.created_at, e.id;
+
+-- name: gate_phase1_checked
+SELECT count(*) FROM events e
+ WHERE e.workspace_id = ANY (%(workspaces)s::text[])
+   AND e.created_at >= %(since)s AND e.created_at < %(until)s
+   AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.mode = 'live');
+
+-- name: gate_phase2
+-- docs/rollout.md defines these. Base: live, non-replay rows created in the
+-- window whose event type may be retried. Never retried: such a row that
+-- ended failed/dead after at most one attempt, to an endpoint that still
+-- exists and is active, and whose event was not delivered to that endpoint
+-- by any other row (a replay or recover) since.
+SELECT count(*) AS deliveries,
+       count(*) FILTER (
+           WHERE d.status IN ('failed', 'dead') AND d.attempt <= 1 AND coalesce(e.active, false)
+             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
+                              WHERE o.event_id = d.event_id AND o.endpoint_id = d.endpoint_id
+                                AND o.status = 'delivered')) AS never_retried
+  FROM webhook_deliveries d
+  JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id
+ WHERE d.mode = 'live' AND d.replay_of IS NULL AND d.created_at >= %(since)s
+   AND NOT (ev.type = ANY (%(single_attempt_types)s::text[]))
+   AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]));
+
+-- name: gate_phase2_duplicates
+-- Sends the system knows were duplicates: a 2xx for an (event, endpoint)
+-- that had already had one, across rows (replays) and attempts.
+SELECT coalesce(sum(n - 1), 0) AS duplicates, count(*) AS events
+  FROM (SELECT d.event_id, d.endpoint_id, count(*) AS n
+          FROM webhook_deliveries d
+          JOIN webhook_delivery_attempts a ON a.delivery_id = d.id AND a.result = 'delivered'
+         WHERE d.mode = 'live' AND d.created_at >= %(since)s
+           AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]))
+         GROUP BY d.event_id, d.endpoint_id
+        HAVING count(*) > 1) dup;
+
+-- name: gate_phase3
+-- Backlog age: a live row falling due (its creation: new and replay rows
+-- are due at once) to its first attempt. A row not attempted yet counts with
+-- its age so far.
+SELECT count(*) AS rows,
+       count(*) FILTER (WHERE a.first IS NULL) AS unattempted,
+       percentile_cont(0.99) WITHIN GROUP (
+           ORDER BY extract(epoch FROM coalesce(a.first, now()) - d.created_at)) AS p99_seconds
+  FROM webhook_deliveries d
+  LEFT JOIN LATERAL (SELECT min(t.started_at) AS first FROM webhook_delivery_attempts t
+                      WHERE t.delivery_id = d.id AND t.attempt = 1) a ON true
+ WHERE d.mode = 'live' AND d.created_at >= %(since)s
+   AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]));
