@@ -45,17 +45,22 @@ CONTENTION_WORK_S = 0.005
 CONTENTION_TARGET_RATIO = 2.0
 
 
+def _create_jobs(conn: Any, count: int) -> None:
+    """The producer's own domain table: each send() shares a transaction with an update of one job."""
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, status text NOT NULL, "
+                    "updated_at timestamptz NOT NULL DEFAULT now())")
+        cur.execute("INSERT INTO jobs (id, status) SELECT g, 'new' FROM generate_series(1, %s) g", (count,))
+    conn.commit()
+
+
 def run(tiny: bool = False) -> dict[str, Any]:
     rounds = 200 if tiny else 10_000
     warmup = 20 if tiny else 500
     with bench_database("producer") as db:
         seed_endpoints(db.connect(), [[f"http://127.0.0.1:9/ok/p{i}" for i in range(10)]], secret=SECRET)
         conn = db.connect()
-        with conn.cursor() as cur:
-            cur.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, status text NOT NULL, "
-                        "updated_at timestamptz NOT NULL DEFAULT now())")
-            cur.execute("INSERT INTO jobs (id, status) SELECT g, 'new' FROM generate_series(1, 1000) g")
-        conn.commit()
+        _create_jobs(conn, 1000)
         sender = WebhookSender(config_from_mapping({"database": {"dsn": db.dsn}}, env={}))
         pad = "x" * 960
         rng = random.Random(5)
@@ -168,11 +173,7 @@ def contention(tiny: bool = False) -> dict[str, Any]:
         seed_endpoints(db.connect(), [[f"http://127.0.0.1:9/ok/p{w}-{i}" for i in range(10)]
                                       for w in range(CONTENTION_PRODUCERS)], secret=SECRET)
         conn = db.connect()
-        with conn.cursor() as cur:
-            cur.execute("CREATE TABLE jobs (id bigint PRIMARY KEY, status text NOT NULL, "
-                        "updated_at timestamptz NOT NULL DEFAULT now())")
-            cur.execute("INSERT INTO jobs (id, status) SELECT g, 'new' FROM generate_series(1, 100) g")
-        conn.commit()
+        _create_jobs(conn, 100)
         conn.close()
         load_before = load_average()
         separate = _contention_run(db, hot=False, rounds=rounds)

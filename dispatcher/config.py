@@ -28,7 +28,7 @@ from dispatcher.policy import RetryPolicies, RetryPolicy
 
 # The retry and breaker settings default to the policies' own values, declared once there.
 _RETRY_DEFAULTS = RetryPolicy()
-_BREAKER_DEFAULTS = BreakerPolicy()
+_BREAKER = BreakerPolicy()
 # So do the alert thresholds: the rules' own (RFC-014 "Backlog growth"), declared once in dispatcher/health.py.
 _BACKLOG_DEFAULTS = BacklogRule()
 _FLEET_DEFAULTS = FleetRule()
@@ -293,10 +293,8 @@ def _fraction(value: Any) -> float:
 @dataclass(frozen=True)
 class BreakerConfig:
     # The defaults are the rule's own (RFC-014: 20 failures, 5 minutes), declared once there.
-    failure_threshold: int = setting(_BREAKER_DEFAULTS.failure_threshold, _positive_int,
-                                     "consecutive failures that open the breaker")
-    open_for: float = setting(_BREAKER_DEFAULTS.open_for, parse_duration,
-                              "how long an opened breaker stays open before one probe")
+    failure_threshold: int = setting(_BREAKER.failure_threshold, _positive_int, "consecutive failures that open it")
+    open_for: float = setting(_BREAKER.open_for, parse_duration, "how long an open breaker waits before one probe")
 
     def policy(self) -> BreakerPolicy:
         return BreakerPolicy(failure_threshold=self.failure_threshold, open_for=self.open_for)

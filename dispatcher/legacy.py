@@ -31,7 +31,7 @@ from typing import Any
 
 from dispatcher.config import Config
 from dispatcher.netguard import OutboundPolicy
-from dispatcher.transport import Transport, Urllib3Transport
+from dispatcher.transport import Transport, Urllib3Transport, tcp_dial
 
 _state = threading.local()
 
@@ -102,17 +102,8 @@ class _DeadlineSSLSocket(_DeadlineIO, ssl.SSLSocket):
 
 def deadline_dial(ip: str, port: int, timeout: float) -> socket.socket:
     """The transport's dialer (a checked IP, never a name), bounded by the time left."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    sock = _DeadlineSocket(family, socket.SOCK_STREAM)
-    try:
-        left = _time_left()
-        sock.settimeout(min(timeout, left) if left is not None else timeout)
-        sock.connect((ip, port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    left = _time_left()
+    return tcp_dial(ip, port, min(timeout, left) if left is not None else timeout, socket_class=_DeadlineSocket)
 
 
 class ThreadTransport(Urllib3Transport):

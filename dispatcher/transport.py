@@ -127,15 +127,17 @@ class Transport(Protocol):
 Dialer = Callable[[str, int, float], socket.socket]
 
 
-def tcp_dial(ip: str, port: int, timeout: float) -> socket.socket:
+def tcp_dial(ip: str, port: int, timeout: float, socket_class: type[socket.socket] | None = None) -> socket.socket:
     """The default dialer: a plain TCP connect to an address (never a name).
 
     ``socket`` is looked up at call time so the monkey-patched cooperative socket
     is used in the workers.  No ``create_connection``: under gevent it would send
-    even a numeric address through the resolver thread pool.
+    even a numeric address through the resolver thread pool.  ``socket_class``
+    lets the flag-off producer path (``dispatcher.legacy``) dial a socket that
+    enforces its deadline.
     """
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = (socket_class or socket.socket)(family, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         sock.connect((ip, port))

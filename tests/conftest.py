@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from hypothesis import settings
 
 from dispatcher_devtools.kit import Database, ServerUnreachable, config_for_test, scratch_database
 from dispatcher_devtools.kit import write_config as write_yaml
+from tests.support.embedded import stop
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,3 +96,21 @@ def write_config(tmp_path: Path):  # type: ignore[no-untyped-def]
 def tmp_root() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="dispatcher-tests-") as path:
         yield Path(path)
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A throwaway embedded (pgserver) data directory, stopped and removed afterwards."""
+    pytest.importorskip("pgserver", reason="the embedded extra (pgserver) is not installed")
+    # Not under pytest's tmp_path: run as root, pgserver runs Postgres as its own
+    # user and opens up the directory's parents, while pytest resets its base
+    # directory to 0700 whenever a pytest session starts (another session, say).
+    parent = Path(tempfile.mkdtemp(prefix="dispatcher-embedded-"))
+    path = parent / "pgdata"
+    try:
+        yield path
+    finally:
+        stop(path)
+        shutil.rmtree(parent, ignore_errors=True)
+
+

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import yaml
 
 from dispatcher.config import DSN_ENV, DatabaseConfig
 from dispatcher.embedded import EmbeddedUnavailable, resolve_dsn
+from tests.support.embedded import stop
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,35 +56,6 @@ def run(data_dir: Path, workspace: str | None = None) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return data
-
-
-def stop(data_dir: Path) -> None:
-    """Stop the server if it runs (pg_ctl as the user pgserver runs it as)."""
-    if not (data_dir / "postmaster.pid").exists():
-        return
-    import pgserver  # type: ignore[import-untyped]
-
-    user = "pgserver" if os.geteuid() == 0 else None
-    try:
-        pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=str(data_dir), user=user,  # type: ignore[attr-defined]
-                        timeout=60)
-    except subprocess.CalledProcessError:
-        pass  # already stopped
-
-
-@pytest.fixture
-def data_dir() -> Any:
-    pytest.importorskip("pgserver", reason="the embedded extra (pgserver) is not installed")
-    # Not under pytest's tmp_path: run as root, pgserver runs Postgres as its own
-    # user and opens up the directory's parents, while pytest resets its base
-    # directory to 0700 whenever a pytest session starts (another session, say).
-    parent = Path(tempfile.mkdtemp(prefix="dispatcher-embedded-"))
-    path = parent / "pgdata"
-    try:
-        yield path
-    finally:
-        stop(path)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_start_migrate_reuse_and_restart(data_dir: Path, tmp_path: Path) -> None:

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from standardwebhooks import Webhook
 
 from dispatcher.signing import as_standard_secret
-from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.kit import (
+    SECRET,
+    CaptureServer,
+    Dispatcher,
+    capture_server,
+    produce,
+    query,
+    seed_workspace,
+    status_counts,
+    wait_until,
+)
 from dispatcher_devtools.receiver import ReceiverProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,41 +34,20 @@ def receiver() -> Iterator[ReceiverProcess]:
         yield rx
 
 
-class CapturingHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    captured: list[tuple[str, dict[str, str], bytes]]
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.captured.append((self.path, dict(self.headers), body))  # type: ignore[attr-defined]
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def capturing_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), CapturingHandler)
-    server.captured = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+def capturing_server() -> Iterator[CaptureServer]:
+    with capture_server() as server:
+        yield server
 
 
 def test_delivers_signed_posts_with_every_header(db, write_config, tmp_path: Path,
-                                                 capturing_server: ThreadingHTTPServer) -> None:
-    port = capturing_server.server_address[1]
-    seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:{port}/hook"])
+                                                 capturing_server: CaptureServer) -> None:
+    seed_workspace(db.dsn, "ws", [f"{capturing_server.url}/hook"])
     config = write_config(db)
     event_ids = produce(config, db.dsn, "ws", 5, payload={"job": "j-1", "note": "ünïcode"})
     with Dispatcher(config, tmp_path / "d.log"):
         wait_until(lambda: status_counts(db.dsn).get("delivered") == 5, message="5 deliveries")
-    captured = capturing_server.captured  # type: ignore[attr-defined]
+    captured = capturing_server.captured
     assert sorted(h["webhook-id"] for _, h, _ in captured) == sorted(event_ids)
     verifier = Webhook(as_standard_secret(SECRET))
     for _, headers, body in captured:
@@ -190,9 +176,8 @@ def test_attempt_log_lines_are_structured_and_hold_no_secret(db, write_config, t
 
 
 def test_standard_webhooks_rotation_sends_both_signatures(db, write_config, tmp_path: Path,
-                                                          capturing_server: ThreadingHTTPServer) -> None:
-    port = capturing_server.server_address[1]
-    seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:{port}/hook"])
+                                                          capturing_server: CaptureServer) -> None:
+    seed_workspace(db.dsn, "ws", [f"{capturing_server.url}/hook"])
     new_secret = "whsec_" + "Q2hhbmdlZFNlY3JldEZvclJvdGF0aW9uMTIz"
     query(db.dsn, "UPDATE workspaces SET previous_secret = secret, secret = %s, secret_rotated_at = now()",
           (new_secret,))
@@ -200,7 +185,7 @@ def test_standard_webhooks_rotation_sends_both_signatures(db, write_config, tmp_
     produce(config, db.dsn, "ws", 1)
     with Dispatcher(config, tmp_path / "d.log"):
         wait_until(lambda: status_counts(db.dsn).get("delivered") == 1, message="the delivery")
-    (_, headers, body), = capturing_server.captured  # type: ignore[attr-defined]
+    (_, headers, body), = capturing_server.captured
     lowered = {k.lower(): v for k, v in headers.items()}
     assert len(lowered["webhook-signature"].split()) == 2
     for secret in (SECRET, new_secret):

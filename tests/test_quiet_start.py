@@ -9,34 +9,18 @@ embedded data directory, without XDG_RUNTIME_DIR (as in a container or CI).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from dispatcher.embedded import LOG_NAME
-from tests.test_embedded import stop
 
 REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def data_dir() -> Iterator[Path]:
-    # As in test_embedded: not under pytest's tmp_path (pgserver opens up the parents as root).
-    parent = Path(tempfile.mkdtemp(prefix="dispatcher-quiet-"))
-    path = parent / "pgdata"
-    try:
-        yield path
-    finally:
-        stop(path)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

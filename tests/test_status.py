@@ -8,15 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dispatcher_devtools.kit import REPO, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools import kit
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,8 +28,8 @@ WORKER_KEYS = {"owner", "host", "pid", "started_at", "heartbeat_at", "heartbeat_
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCHER_")}
-    env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-m", "dispatcher.cli", *args], cwd=REPO, env=env, capture_output=True,
+    env["PYTHONPATH"] = str(kit.REPO)
+    return subprocess.run([sys.executable, "-m", "dispatcher.cli", *args], cwd=kit.REPO, env=env, capture_output=True,
                           text=True, timeout=60)
 
 
@@ -48,38 +46,21 @@ def status(config: Path) -> dict[str, Any]:
     return document
 
 
-class OkHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def receiver_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), OkHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
-    server.shutdown()
-    server.server_close()
+    with kit.capture_server() as server:
+        yield f"{server.url}/hook"
 
 
 def _seed_operations_picture(dsn: str) -> tuple[int, int]:
     """An endpoint in a maintenance window (open breaker, rows behind it) and one failing."""
-    held, failing = seed_workspace(dsn, "ws-ops", ["http://127.0.0.1:9/held", "http://127.0.0.1:9/failing"])
-    query(dsn, "INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until, opened_at) "
+    held, failing = kit.seed_workspace(dsn, "ws-ops", ["http://127.0.0.1:9/held", "http://127.0.0.1:9/failing"])
+    kit.query(dsn, "INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until, opened_at) "
                "VALUES (%s, 'open', 20, now() + interval '1 hour', now() - interval '10 minutes')", (held,))
     for n in range(3):
-        query(dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
+        kit.query(dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
                    "next_attempt_at) VALUES ('ws-ops', %s, %s, 'h', now() - interval '20 minutes')", (held, f"h{n}"))
-        query(dsn, "INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, "
+        kit.query(dsn, "INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, "
                    "duration_ms, result, status_code) VALUES (1, %s, 1, now() - interval '1 minute', 5, "
                    "'http_5xx', 503)", (failing,))
     return held, failing
@@ -89,14 +70,14 @@ def test_live_region_then_all_workers_killed(db, write_config, tmp_path: Path) -
     held, failing = _seed_operations_picture(db.dsn)
     config = write_config(db, **FAST)
     assert check(config)[0] == 2, "no dispatcher has run yet: the fleet is dead"
-    dispatcher = Dispatcher(config, tmp_path / "d.log")
+    dispatcher = kit.Dispatcher(config, tmp_path / "d.log")
     try:
         dispatcher.__enter__()
-        wait_until(lambda: check(config)[0] == 0, timeout=60, message="check OK with a live fleet")
+        kit.wait_until(lambda: check(config)[0] == 0, timeout=60, message="check OK with a live fleet")
         code, verdict = check(config)
         assert verdict["backlog"]["held_rows"] == 3 and verdict["backlog"]["overdue_rows"] == 0
 
-        document = wait_until(lambda: (d := status(config)) and len(d["workers"]) == 2 and d["leader"] and d,
+        document = kit.wait_until(lambda: (d := status(config)) and len(d["workers"]) == 2 and d["leader"] and d,
                               message="both workers and a leader in status")
         assert set(document) == STATUS_KEYS and all(set(w) == WORKER_KEYS for w in document["workers"])
         assert {w["pid"] for w in document["workers"]} == set(dispatcher.worker_pids())
@@ -115,7 +96,7 @@ def test_live_region_then_all_workers_killed(db, write_config, tmp_path: Path) -
         for pid in [*dispatcher.worker_pids(), dispatcher.process.pid]:  # type: ignore[union-attr]
             os.kill(pid, signal.SIGKILL)
         dispatcher.process.wait(10)  # type: ignore[union-attr]
-        code, verdict = wait_until(lambda: (c := check(config))[0] == 2 and c, timeout=60,
+        code, verdict = kit.wait_until(lambda: (c := check(config))[0] == 2 and c, timeout=60,
                                    message="check CRITICAL once the heartbeat threshold passed")
         assert "dead fleet" in " ".join(verdict["problems"])
         assert verdict["fleet"]["workers_alive"] == 0
@@ -128,20 +109,20 @@ def test_live_region_then_all_workers_killed(db, write_config, tmp_path: Path) -
 
 def test_a_graceful_stop_removes_the_rows(db, write_config, tmp_path: Path) -> None:
     config = write_config(db, **FAST)
-    with Dispatcher(config, tmp_path / "d.log"):
-        wait_until(lambda: len(status(config)["workers"]) == 2, message="two live workers")
-    assert query(db.dsn, "SELECT count(*) FROM dispatcher_processes") == [(0,)]
+    with kit.Dispatcher(config, tmp_path / "d.log"):
+        kit.wait_until(lambda: len(status(config)["workers"]) == 2, message="two live workers")
+    assert kit.query(db.dsn, "SELECT count(*) FROM dispatcher_processes") == [(0,)]
 
 
 def test_heartbeat_failures_never_touch_delivery(db, write_config, tmp_path: Path, receiver_url: str) -> None:
-    seed_workspace(db.dsn, "ws", [receiver_url])
+    kit.seed_workspace(db.dsn, "ws", [receiver_url])
     config = write_config(db, **FAST)
-    with Dispatcher(config, tmp_path / "d.log") as dispatcher:
-        wait_until(lambda: len(status(config)["workers"]) == 2, message="two live workers")
-        query(db.dsn, "DROP TABLE dispatcher_processes")
-        wait_until(lambda: "status heartbeat not recorded" in dispatcher.log(), message="the heartbeat failure")
-        produce(config, db.dsn, "ws", 20)
-        wait_until(lambda: status_counts(db.dsn).get("delivered") == 20, message="20 deliveries regardless")
+    with kit.Dispatcher(config, tmp_path / "d.log") as dispatcher:
+        kit.wait_until(lambda: len(status(config)["workers"]) == 2, message="two live workers")
+        kit.query(db.dsn, "DROP TABLE dispatcher_processes")
+        kit.wait_until(lambda: "status heartbeat not recorded" in dispatcher.log(), message="the heartbeat failure")
+        kit.produce(config, db.dsn, "ws", 20)
+        kit.wait_until(lambda: kit.status_counts(db.dsn).get("delivered") == 20, message="20 deliveries regardless")
         assert dispatcher.process.poll() is None  # type: ignore[union-attr]
     assert "Traceback" not in dispatcher.log()
 
@@ -169,12 +150,12 @@ def test_check_is_unknown_without_a_database_and_never_a_traceback(write_config,
 def test_check_exit_codes_follow_nagios(db, write_config) -> None:
     """WARNING (1): workers alive, but no upkeep leader ran a round lately."""
     config = write_config(db, **FAST)
-    query(db.dsn, "INSERT INTO dispatcher_processes (owner, region, host, pid, started_at, leader_at) "
+    kit.query(db.dsn, "INSERT INTO dispatcher_processes (owner, region, host, pid, started_at, leader_at) "
                   "VALUES ('h:1:w1', 'test', 'h', 1, now(), now() - interval '1 hour')")
     code, verdict = check(config)
     assert code == 1 and verdict["status"] == "WARNING" and "no upkeep leader" in verdict["problems"][0]
-    query(db.dsn, "UPDATE dispatcher_processes SET leader_at = now()")
+    kit.query(db.dsn, "UPDATE dispatcher_processes SET leader_at = now()")
     assert check(config)[0] == 0
     # Another region's processes are not this region's fleet.
-    query(db.dsn, "UPDATE dispatcher_processes SET region = 'elsewhere'")
+    kit.query(db.dsn, "UPDATE dispatcher_processes SET region = 'elsewhere'")
     assert check(config)[0] == 2

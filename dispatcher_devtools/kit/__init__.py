@@ -11,6 +11,7 @@
 The pytest fixtures stay in ``tests/conftest.py``; they call this kit.
 """
 
+from dispatcher_devtools.kit.capture import CapturedPost, CaptureServer, capture_server
 from dispatcher_devtools.kit.configs import apply_overrides, bench_config, config_for_test, write_config
 from dispatcher_devtools.kit.database import (
     Database,
@@ -26,6 +27,9 @@ from dispatcher_devtools.kit.seeding import SECRET, produce, seed_endpoints, see
 from dispatcher_devtools.kit.waiting import WaitTimeout, wait_until
 
 __all__ = [
+    "CaptureServer",
+    "CapturedPost",
+    "capture_server",
     "REPO",
     "SECRET",
     "Database",
