@@ -201,6 +201,16 @@ class ApiConfig:
     statement_timeout: float = setting(5.0, parse_duration,
                                        "longest an API query may run; past it the request gets 503")
     recover_max_age: float = setting(30 * 86400.0, parse_duration, "how far back endpoint recover may reach (since)")
+    region_replays_per_hour: int = setting(2000, _positive_int,
+                                           "replay units per hour for all workspaces of the region together")
+    # Hostile clients (issue 13): a connection costs a greenlet and a descriptor, never a database slot,
+    # and each of these bounds how long a client that sends nothing useful keeps even those.
+    idle_timeout: float = setting(10.0, parse_duration, "a new connection's wait for its first request byte")
+    read_timeout: float = setting(10.0, parse_duration,
+                                  "a request head's deadline from its first byte; each body read's wait too")
+    keepalive_timeout: float = setting(5.0, parse_duration,
+                                       "how long a kept-alive connection may idle between requests")
+    max_connections: int = setting(4096, _positive_int, "client connections open at once; more wait to be accepted")
 
 
 @dataclass(frozen=True)

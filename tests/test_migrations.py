@@ -122,6 +122,8 @@ INDEXES = {
     ("webhook_deliveries", ("next_attempt_at",), "(status = 'pending'::text)", False),
     # Sequences are never duplicated within a workspace.
     ("events", ("workspace_id", "sequence"), None, True),
+    # 0007: the region-wide replay budget reads the last hour of the ledger.
+    ("api_replay_ledger", ("at",), None, False),
 }
 
 CHECKED_VALUES = {
