@@ -113,6 +113,12 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
         raise ConfigError(f"bad CIDR network: {exc}") from exc
 
 
+def _ports(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{value!r} is not a list of port numbers")
+    return tuple(sorted({_port(item) for item in value}))
+
+
 def _listen(value: Any) -> tuple[str, int]:
     host, sep, port = _text(value).rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -162,6 +168,10 @@ class HttpConfig:
     require_https: bool = setting(True, _boolean, "refuse endpoint URLs that are not https")
     allow_private_networks: bool = setting(False, _boolean, "allow loopback/private/link-local targets")
     allow_networks: tuple[Any, ...] = setting((), _networks, "CIDR networks allowed even when private")
+    # SSH, telnet, SMTP, MySQL, Postgres, Redis, memcached: nothing a webhook receiver listens on.
+    deny_ports: tuple[int, ...] = setting((22, 23, 25, 3306, 5432, 6379, 11211), _ports,
+                                          "ports never connected to (registration and send time)")
+    allow_ports: tuple[int, ...] = setting((), _ports, "if not empty, the only ports connected to (deny_ports wins)")
     max_response_bytes: int = setting(65536, _positive_int, "response bytes read at most")
     client: str = setting("geventhttpclient", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
 

@@ -56,6 +56,7 @@ import socket
 import ssl
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -75,12 +76,14 @@ from dispatcher.netguard import (
     BlockedURL,
     DnsError,
     InvalidURL,
+    OutboundError,
     OutboundPolicy,
     Resolver,
     Target,
     parse_target,
     resolve_checked,
 )
+from dispatcher.redact import scrub
 
 __all__ = [
     "Dialer",
@@ -341,7 +344,10 @@ def _classify_protocol(chain: list[BaseException]) -> tuple[ErrorClass, str]:
         return "connection", _os_reason(os_error)
     if _find(chain, urllib3.exceptions.ProtocolError) is not None:
         return "connection", "connection broken"
-    log.warning("unclassified transport error", exc_info=chain[0])
+    # The traceback is scrubbed: an HTTP library's message may quote the URL
+    # (webhook URLs carry tokens) or bytes the receiver sent.
+    trace = "".join(traceback.format_exception(chain[0]))
+    log.warning("unclassified transport error\n%s", scrub(trace).rstrip())
     return "connection", f"unexpected error ({type(chain[0]).__name__})"
 
 
@@ -402,11 +408,11 @@ class _BaseTransport:
                 raise
             return self._failed("timeout", f"no complete response within {self._timeout:g}s", started)
         except BlockedURL as exc:
-            return self._failed("blocked", str(exc), started)
+            return self._refused("blocked", exc, started)
         except InvalidURL as exc:
-            return self._failed("invalid_url", str(exc), started)
+            return self._failed("invalid_url", exc.public, started)
         except DnsError as exc:
-            return self._failed("dns", str(exc), started)
+            return self._refused("dns", exc, started)
         except _BadRequestHeader as exc:
             return self._failed("protocol", str(exc), started)
         except Exception as exc:  # post() reports, it never raises
@@ -414,6 +420,12 @@ class _BaseTransport:
         finally:
             deadline.close()
         return TransportResult(status, data, None, "", retry_after, time.monotonic() - started)
+
+    @classmethod
+    def _refused(cls, error: ErrorClass, exc: OutboundError, started: float) -> TransportResult:
+        """The customer's generic reason in the result; the operator's detail (name, address) in the log."""
+        log.info("outbound %s: %s", error, exc)
+        return cls._failed(error, exc.public, started)
 
     @staticmethod
     def _failed(error: ErrorClass, detail: str, started: float) -> TransportResult:
