@@ -119,6 +119,23 @@ def _ports(value: Any) -> tuple[int, ...]:
     return tuple(sorted({_port(item) for item in value}))
 
 
+def _dns_servers(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{value!r} is not a list of nameservers (ip or ip:port)")
+    servers = []
+    for item in value:
+        text = _text(item)
+        host, sep, port = text.rpartition(":") if text.count(":") == 1 or text.startswith("[") else ("", "", "")
+        try:
+            ipaddress.ip_address((host if sep else text).strip("[]"))
+            if sep:
+                _port(int(port))
+        except (ValueError, ConfigError):
+            raise ConfigError(f"{text!r} is not a nameserver address (ip or ip:port)") from None
+        servers.append(text)
+    return tuple(servers)
+
+
 def _listen(value: Any) -> tuple[str, int]:
     host, sep, port = _text(value).rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -172,6 +189,12 @@ class HttpConfig:
     deny_ports: tuple[int, ...] = setting((22, 23, 25, 3306, 5432, 6379, 11211), _ports,
                                           "ports never connected to (registration and send time)")
     allow_ports: tuple[int, ...] = setting((), _ports, "if not empty, the only ports connected to (deny_ports wins)")
+    dns_servers: tuple[str, ...] = setting((), _dns_servers, "nameservers (ip or ip:port) for endpoint names; "
+                                                             "empty: the system's (/etc/resolv.conf)")
+    dns_timeout: float = setting(2.0, parse_duration, "longest one name lookup may take; then it fails as dns")
+    dns_max_ttl: float = setting(300.0, parse_duration, "longest an answer (or a missing name) is cached, "
+                                                        "whatever its TTL")
+    dns_per_workspace: int = setting(4, _positive_int, "name lookups one workspace may have in flight per process")
     max_response_bytes: int = setting(65536, _positive_int, "response bytes read at most")
     client: str = setting("geventhttpclient", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
 

@@ -53,6 +53,7 @@ __all__ = [
     "OutboundPolicy",
     "Resolver",
     "Target",
+    "check_addresses",
     "check_registration_url",
     "is_denied",
     "parse_target",
@@ -404,6 +405,11 @@ def resolve_checked(host: str, port: int, policy: OutboundPolicy, resolver: Reso
         addresses = [str(ipaddress.ip_address(host))]
     except ValueError:
         addresses = _resolve(host, port, resolver or socket.getaddrinfo)
+    return check_addresses(host, addresses, policy)
+
+
+def check_addresses(host: str, addresses: list[str], policy: OutboundPolicy) -> list[str]:
+    """``addresses`` (``host``'s answers) if every one passes ``policy``; else the whole name is refused."""
     for address in addresses:
         reason = is_denied(address, policy)
         if reason:
