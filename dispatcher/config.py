@@ -161,6 +161,8 @@ class DatabaseConfig:
     embedded_dir: str = setting(".dispatcher/pgdata", _text, "data directory of the embedded Postgres")
     connect_timeout: float = setting(5.0, parse_duration, "how long one connection attempt may take")
     reconnect_max: float = setting(30.0, parse_duration, "cap of the reconnect backoff after a lost connection")
+    prepared_statements: bool = setting(True, _boolean, "server-side prepared statements for the hot queries; "
+                                                        "false behind a transaction pooler (PgBouncer)")
 
 
 @dataclass(frozen=True)

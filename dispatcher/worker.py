@@ -80,9 +80,10 @@ class Worker:
         self.owner = owner
         self._heartbeat_path = heartbeat_path
         timeout = config.database.connect_timeout
-        self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout))
-        self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout))
-        self._upkeep = EngineStore(ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout))
+        prepared = config.database.prepared_statements
+        self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout, prepared))
+        self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout, prepared))
+        self._upkeep = EngineStore(ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout, prepared))
         self._maker = maker or DeliveryMaker.from_config(config)
         self._metrics = Metrics(config.statsd)
         self._notifier = make_notifier(config.notifier)
@@ -317,7 +318,7 @@ class Worker:
     def _upkeep_loop(self) -> None:
         from dispatcher.upkeep import Upkeep
 
-        upkeep = Upkeep(self.config, self._upkeep, self._metrics)
+        upkeep = Upkeep(self.config, self._upkeep, self._metrics, owner=self.owner)
         while not self._stopping.wait(self.config.alerts.check_interval):
             try:
                 upkeep.run_once()

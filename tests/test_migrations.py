@@ -114,6 +114,8 @@ PRIMARY_KEYS = {
     "webhook_deliveries": ("id",),
     "webhook_delivery_attempts": ("id",),
     "endpoint_state": ("endpoint_id",),
+    # 0007: one upkeep leader lease per region.
+    "region_leader": ("region",),
 }
 
 # (table, key columns, partial-index predicate, unique)
