@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import logging
 import re
 import secrets
 import sys
@@ -54,7 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     workspace = commands.add_parser("workspace", help="manage workspaces").add_subparsers(dest="action", required=True)
     create = workspace.add_parser("create", help="create a workspace (or update its flags)")
     create.add_argument("--id", required=True)
-    create.add_argument("--secret", help="signing secret (default: a new random whsec_ secret)")
+    given = create.add_mutually_exclusive_group()
+    given.add_argument("--secret", help="signing secret (default: a new random whsec_ secret); visible to every "
+                                        "user in `ps` while the command runs: prefer --secret-stdin or --secret-file")
+    given.add_argument("--secret-stdin", action="store_true",
+                       help="read the signing secret from standard input (first line); stays out of `ps`")
+    given.add_argument("--secret-file", metavar="PATH",
+                       help="read the signing secret from PATH (first line); stays out of `ps`")
     create.add_argument("--flag", action="append", type=_flag, default=[], help="NAME=on|off, e.g. webhook_outbox=on")
     rollout.add_flag_parser(workspace)
     endpoint = commands.add_parser("endpoint", help="manage endpoints").add_subparsers(dest="action", required=True)
@@ -87,10 +94,29 @@ def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _given_secret(args: argparse.Namespace) -> str | None:
+    """The secret from --secret, --secret-stdin or --secret-file (first line, trimmed), or None."""
+    if args.secret_stdin:
+        text = sys.stdin.readline()
+    elif args.secret_file:
+        try:
+            with open(args.secret_file, encoding="utf-8") as file:
+                text = file.readline()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read the secret file {args.secret_file}: "
+                             f"{getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+    else:
+        return args.secret
+    secret = text.strip()
+    if not secret:
+        raise UsageError("the given secret is empty")
+    return secret
+
+
 def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
     if args.action == "flag":
         return rollout.cmd_flag(config, args)
-    secret = args.secret or "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
+    secret = _given_secret(args) or "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
     existed = store.create_workspace(_connect(config), args.id, secret, dict(args.flag))
     print(f"workspace {args.id} {'updated' if existed else 'created'}")
     return ExitCode.OK
@@ -102,7 +128,9 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
     try:
         check_registration_url(args.url, OutboundPolicy.from_config(config.http))
     except (InvalidURL, BlockedURL) as exc:
-        raise UsageError(f"endpoint URL refused: {exc}") from None
+        # The customer's reason only: a registration error may be shown to them.
+        logging.getLogger("dispatcher.cli").debug("endpoint URL refused: %s", exc)
+        raise UsageError(f"endpoint URL refused: {exc.public}") from None
     endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events)
     print(endpoint_id)
     return ExitCode.OK

@@ -117,6 +117,29 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
         raise ConfigError(f"bad CIDR network: {exc}") from exc
 
 
+def _ports(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{value!r} is not a list of port numbers")
+    return tuple(sorted({_port(item) for item in value}))
+
+
+def _dns_servers(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{value!r} is not a list of nameservers (ip or ip:port)")
+    servers = []
+    for item in value:
+        text = _text(item)
+        host, sep, port = text.rpartition(":") if text.count(":") == 1 or text.startswith("[") else ("", "", "")
+        try:
+            ipaddress.ip_address((host if sep else text).strip("[]"))
+            if sep:
+                _port(int(port))
+        except (ValueError, ConfigError):
+            raise ConfigError(f"{text!r} is not a nameserver address (ip or ip:port)") from None
+        servers.append(text)
+    return tuple(servers)
+
+
 def _listen(value: Any) -> tuple[str, int]:
     host, sep, port = _text(value).rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -142,6 +165,8 @@ class DatabaseConfig:
     embedded_dir: str = setting(".dispatcher/pgdata", _text, "data directory of the embedded Postgres")
     connect_timeout: float = setting(5.0, parse_duration, "how long one connection attempt may take")
     reconnect_max: float = setting(30.0, parse_duration, "cap of the reconnect backoff after a lost connection")
+    prepared_statements: bool = setting(True, _boolean, "server-side prepared statements for the hot queries; "
+                                                        "false behind a transaction pooler (PgBouncer)")
 
 
 @dataclass(frozen=True)
@@ -168,6 +193,16 @@ class HttpConfig:
     require_https: bool = setting(True, _boolean, "refuse endpoint URLs that are not https")
     allow_private_networks: bool = setting(False, _boolean, "allow loopback/private/link-local targets")
     allow_networks: tuple[Any, ...] = setting((), _networks, "CIDR networks allowed even when private")
+    # SSH, telnet, SMTP, MySQL, Postgres, Redis, memcached: nothing a webhook receiver listens on.
+    deny_ports: tuple[int, ...] = setting((22, 23, 25, 3306, 5432, 6379, 11211), _ports,
+                                          "ports never connected to (registration and send time)")
+    allow_ports: tuple[int, ...] = setting((), _ports, "if not empty, the only ports connected to (deny_ports wins)")
+    dns_servers: tuple[str, ...] = setting((), _dns_servers, "nameservers (ip or ip:port) for endpoint names; "
+                                                             "empty: the system's (/etc/resolv.conf)")
+    dns_timeout: float = setting(2.0, parse_duration, "longest one name lookup may take; then it fails as dns")
+    dns_max_ttl: float = setting(300.0, parse_duration, "longest an answer (or a missing name) is cached, "
+                                                        "whatever its TTL")
+    dns_per_workspace: int = setting(4, _positive_int, "name lookups one workspace may have in flight per process")
     max_response_bytes: int = setting(65536, _positive_int, "response bytes read at most")
     client: str = setting("geventhttpclient", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
 
@@ -221,6 +256,16 @@ class ApiConfig:
     statement_timeout: float = setting(5.0, parse_duration,
                                        "longest an API query may run; past it the request gets 503")
     recover_max_age: float = setting(30 * 86400.0, parse_duration, "how far back endpoint recover may reach (since)")
+    region_replays_per_hour: int = setting(2000, _positive_int,
+                                           "replay units per hour for all workspaces of the region together")
+    # Hostile clients (issue 13): a connection costs a greenlet and a descriptor, never a database slot,
+    # and each of these bounds how long a client that sends nothing useful keeps even those.
+    idle_timeout: float = setting(10.0, parse_duration, "a new connection's wait for its first request byte")
+    read_timeout: float = setting(10.0, parse_duration,
+                                  "a request head's deadline from its first byte; each body read's wait too")
+    keepalive_timeout: float = setting(5.0, parse_duration,
+                                       "how long a kept-alive connection may idle between requests")
+    max_connections: int = setting(4096, _positive_int, "client connections open at once; more wait to be accepted")
 
 
 @dataclass(frozen=True)

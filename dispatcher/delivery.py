@@ -54,9 +54,14 @@ def build_transport(config: Config) -> Transport:
     # fifth of a worker's CPU went to connect and close).  A pool only ever
     # holds connections that were in use at the same time, so it stays bounded
     # by that host's real concurrency, itself at most ``max_in_flight``.
-    return make_transport(config.http.client, timeout=config.http.timeout,  # type: ignore[arg-type]
-                          max_response_bytes=config.http.max_response_bytes,
-                          policy=OutboundPolicy.from_config(config.http),
+    from dispatcher.resolver import DnsResolver  # gevent-bound: only the patched workers build transports
+
+    http = config.http
+    dns = DnsResolver(http.dns_servers, timeout=http.dns_timeout, max_ttl=http.dns_max_ttl,
+                      per_workspace=http.dns_per_workspace)
+    return make_transport(http.client, timeout=http.timeout,  # type: ignore[arg-type]
+                          max_response_bytes=http.max_response_bytes,
+                          policy=OutboundPolicy.from_config(http), dns=dns,
                           maxsize=max(config.workers.per_endpoint_concurrency, config.workers.max_in_flight))
 
 
@@ -121,7 +126,7 @@ class DeliveryMaker:
         body = event_body(row.event_id, row.event_type, row.workspace_id or "", row.sequence,
                           row.occurred_at or "", row.payload)
         headers = delivery_headers(row.event_id, row.attempt, int(time.time()), body, keys)
-        return self._transport.post(row.url, headers, body)
+        return self._transport.post(row.url, headers, body, row.workspace_id)
 
     def _classify(self, row: ClaimedRow, result: TransportResult, claimed_at: float) -> Outcome:
         elapsed = time.monotonic() - claimed_at

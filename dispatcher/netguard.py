@@ -19,8 +19,16 @@ internal admin ports, the database).  The rules:
   one of the checked addresses itself (see ``dispatcher.transport``); resolving
   again at connect time would reopen the DNS-rebinding hole.
 
-Error messages name the host and address but never the whole URL: webhook URLs
-often carry a secret token in their path or query.
+* The port must not be on the operator's deny list (``http.deny_ports``: SSH,
+  SMTP, databases, caches by default) and, when an allow list is set
+  (``http.allow_ports``), must be on it.
+
+Each error has two texts.  ``str(exc)`` is the operator's: it names the host,
+the address and why (never the whole URL: webhook URLs often carry a secret
+token in their path or query).  ``exc.public`` is the customer's: a generic
+reason ("address not allowed", "name did not resolve", "port not allowed"),
+because internal names and addresses must not reach customers through
+``last_error`` or a registration error.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ __all__ = [
     "OutboundPolicy",
     "Resolver",
     "Target",
+    "check_addresses",
     "check_registration_url",
     "is_denied",
     "parse_target",
@@ -60,20 +69,36 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_URL_LENGTH = 2048
 
 
+# What customers are shown (decisions.md "What customers see of failures").
+ADDRESS_NOT_ALLOWED = "address not allowed"
+PORT_NOT_ALLOWED = "port not allowed"
+NAME_DID_NOT_RESOLVE = "name did not resolve"
+HTTPS_REQUIRED = "https is required"
+
+
 class OutboundError(Exception):
-    """Base class; ``str(exc)`` is a one-line reason safe to log and show to the customer."""
+    """Base class; ``str(exc)`` is the operator's one-line reason, ``public`` the customer's."""
+
+    def __init__(self, detail: str, public: str | None = None) -> None:
+        super().__init__(detail)
+        self.public = detail if public is None else public
 
 
 class InvalidURL(OutboundError):
-    """Not a URL we can send to: malformed, unsupported scheme, no host, credentials, ..."""
+    """Not a URL we can send to: malformed, unsupported scheme, no host, credentials, ...
+
+    The reason describes the customer's own URL, so it is also what they see."""
 
 
 class BlockedURL(OutboundError):
-    """A well-formed URL the outbound policy refuses (http when https is required, denied address)."""
+    """A well-formed URL the outbound policy refuses (http when https is required, denied address or port)."""
 
 
 class DnsError(OutboundError):
     """The host name does not resolve."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, NAME_DID_NOT_RESOLVE)
 
 
 @dataclass(frozen=True)
@@ -89,16 +114,32 @@ class OutboundPolicy:
     require_https: bool
     allow_private_networks: bool
     allow_networks: tuple[IPNetwork, ...] = ()
+    # The operator's lists; their defaults are the settings' (http.deny_ports, declared in config).
+    deny_ports: frozenset[int] = frozenset()
+    allow_ports: frozenset[int] = frozenset()  # empty: every port not denied
 
     def __post_init__(self) -> None:
         nets = tuple(ipaddress.ip_network(n) for n in self.allow_networks)
         object.__setattr__(self, "allow_networks", nets)
+        object.__setattr__(self, "deny_ports", frozenset(self.deny_ports))
+        object.__setattr__(self, "allow_ports", frozenset(self.allow_ports))
 
     @classmethod
     def from_config(cls, http: HttpConfig) -> OutboundPolicy:
         """The policy of the ``http`` config section, for every sender (engine, legacy path, CLI)."""
         return cls(require_https=http.require_https, allow_private_networks=http.allow_private_networks,
-                   allow_networks=tuple(http.allow_networks))
+                   allow_networks=tuple(http.allow_networks), deny_ports=frozenset(http.deny_ports),
+                   allow_ports=frozenset(http.allow_ports))
+
+    def port_refusal(self, port: int) -> str | None:
+        """Why ``port`` may not be connected to (operator's wording), or None if it may.
+
+        The deny list wins over the allow list."""
+        if port in self.deny_ports:
+            return f"port {port} is on the operator's deny list (http.deny_ports)"
+        if self.allow_ports and port not in self.allow_ports:
+            return f"port {port} is not on the operator's allow list (http.allow_ports)"
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,11 +375,14 @@ def parse_target(url: str, policy: OutboundPolicy) -> Target:
     host, literal = _normalise_host(raw_host, kind == "v6")
     target = Target(scheme, host, _parse_port(port_text, scheme), _request_path(parts.path, parts.query), literal)
     if scheme == "http" and policy.require_https:
-        raise BlockedURL(f"plain http to {host} is refused: https is required")
+        raise BlockedURL(f"plain http to {host} is refused: https is required", HTTPS_REQUIRED)
+    port_refusal = policy.port_refusal(target.port)
+    if port_refusal:
+        raise BlockedURL(f"{host}: {port_refusal}", PORT_NOT_ALLOWED)
     if literal:
         reason = is_denied(host, policy)
         if reason:
-            raise BlockedURL(f"{host} is a {reason} address")
+            raise BlockedURL(f"{host} is a {reason} address", ADDRESS_NOT_ALLOWED)
     return target
 
 
@@ -361,10 +405,15 @@ def resolve_checked(host: str, port: int, policy: OutboundPolicy, resolver: Reso
         addresses = [str(ipaddress.ip_address(host))]
     except ValueError:
         addresses = _resolve(host, port, resolver or socket.getaddrinfo)
+    return check_addresses(host, addresses, policy)
+
+
+def check_addresses(host: str, addresses: list[str], policy: OutboundPolicy) -> list[str]:
+    """``addresses`` (``host``'s answers) if every one passes ``policy``; else the whole name is refused."""
     for address in addresses:
         reason = is_denied(address, policy)
         if reason:
-            raise BlockedURL(f"{host} resolves to {address} ({reason})")
+            raise BlockedURL(f"{host} resolves to {address} ({reason})", ADDRESS_NOT_ALLOWED)
     return addresses
 
 

@@ -14,6 +14,14 @@ land in our database or logs.  Three layers:
   prefixes, JWTs, AWS access key ids, long hex or base64 runs, and long runs
   that mix upper case, lower case and digits.
 
+Before any of that the text is normalised, so an encoded or wrapped credential
+is recognised like a plain one: JSON escapes of printable characters (``\\/``,
+``\\u002f``) and percent-escapes (``%2F``) are decoded, and a line break
+(also as ``\\n`` or ``%0A``) after a long key-like run and before another is removed.  A known
+secret is also matched with a line break anywhere inside it.  A UTF-16
+response body (a byte-order mark, or NULs in every other byte) is decoded as
+UTF-16 before it is scrubbed.  What is stored is the normalised text.
+
 The excerpt is scrubbed *before* it is cut to 256 bytes, so a credential that
 straddles the cut is recognised whole instead of leaving its first part in
 clear.  Text is also made storable: a NUL byte (which Postgres text refuses)
@@ -60,6 +68,30 @@ _PATTERNS: tuple[re.Pattern[str], ...] = (
 )
 
 
+# JSON escapes and percent-escapes of printable ASCII: decoded before matching,
+# so "whsec_ab\/cd" and "whsec_ab%2Fcd" read as "whsec_ab/cd".
+_ESCAPE = re.compile(r"\\u00([2-7][0-9a-fA-F])|\\(/)|%([2-7][0-9a-fA-F])")
+# A line break as a receiver may write it: raw, JSON-escaped or percent-encoded, with indentation.
+_BREAK = r"(?:\r?\n[ \t]*|\\r\\n|\\n|%0[dD]%0[aA]|%0[aA])"
+_KEY_CHAR = r"[A-Za-z0-9+/=_-]"
+# A break after a long run of key characters and before another: a wrapped key
+# (base64 at 64 or 76 columns).  The first run must be long, so that ordinary
+# lines ("Bearer abc" / "password=...") are never glued into one credential.
+_WRAPPED = re.compile(r"(?<=" + _KEY_CHAR + "{32})" + _BREAK + "(?=" + _KEY_CHAR + "{8})")
+
+
+def _unescape(match: re.Match[str]) -> str:
+    if match.group(2):
+        return "/"
+    value = chr(int(match.group(1) or match.group(3), 16))
+    return value if value.isprintable() else match.group(0)
+
+
+def normalise(text: str) -> str:
+    """``text`` with encoded printable characters decoded and wrapped key-like runs joined."""
+    return _WRAPPED.sub("", _ESCAPE.sub(_unescape, text))
+
+
 def _mask_pair(match: re.Match[str]) -> str:
     value = match.group(2)
     quote = value[0]
@@ -85,6 +117,12 @@ def _secret_forms(secrets: tuple[str | None, ...]) -> tuple[str, ...]:
     return tuple(sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True))
 
 
+@functools.lru_cache(maxsize=1024)
+def _wrapped_form(form: str) -> re.Pattern[str]:
+    """``form`` with an optional line break between any two of its characters."""
+    return re.compile((_BREAK + "?").join(re.escape(char) for char in form))
+
+
 def _storable(text: str) -> str:
     """Text Postgres can store: no NUL character, no lone surrogate."""
     if "\x00" in text:
@@ -100,9 +138,9 @@ def _storable(text: str) -> str:
 def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
     """Mask credentials in ``text`` (and the given workspace secrets); what remains
     is safe to store and log."""
-    text = _storable(text)
+    text = normalise(_storable(text))
     for form in secret_forms(secrets):
-        text = text.replace(form, MASK)
+        text = _wrapped_form(form).sub(MASK, text.replace(form, MASK))
     text = _PAIR.sub(_mask_pair, text)
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: m.group(1) + MASK, text)
@@ -117,6 +155,23 @@ def excerpt(body: bytes, limit: int = 256, secrets: Iterable[str | None] = ()) -
     """
     if not body:
         return ""
-    text = scrub(body[: limit + LOOKAHEAD].decode("utf-8", errors="replace"), secrets)
+    text = scrub(_decode(body[: 2 * (limit + LOOKAHEAD)], limit + LOOKAHEAD), secrets)
     cut = text.encode("utf-8")[:limit]
     return cut.decode("utf-8", errors="ignore")
+
+
+def _decode(body: bytes, chars: int) -> str:
+    """At most ``chars`` characters of ``body``: UTF-16 when it says so (a byte-order mark)
+    or looks so (NUL in most odd or most even bytes), else lenient UTF-8."""
+    codec = "utf-8"
+    if body[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        codec = "utf-16"
+    elif len(body) >= 8:
+        even, odd = body[0::2], body[1::2]
+        if odd.count(0) * 4 >= len(odd) * 3:
+            codec = "utf-16-le"
+        elif even.count(0) * 4 >= len(even) * 3:
+            codec = "utf-16-be"
+    if codec == "utf-8":
+        return body[:chars].decode("utf-8", errors="replace")
+    return body[: 2 * chars + 2].decode(codec, errors="replace")[:chars]

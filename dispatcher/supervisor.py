@@ -91,7 +91,8 @@ class Supervisor:
         self._spawned = 0
         self._crashes = 0
         self._next_spawn_at = 0.0
-        self._connection = ManagedConnection(dsn, "dispatcher supervisor", config.database.connect_timeout)
+        self._connection = ManagedConnection(dsn, "dispatcher supervisor", config.database.connect_timeout,
+                                             config.database.prepared_statements)
         self._leases = EngineStore(self._connection)
 
     # -- signals: the handler only queues -----------------------------------

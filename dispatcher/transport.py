@@ -36,6 +36,10 @@ trip to the resolver's thread pool, so checked answers are cached per host for
 safe: what is cached is the list of addresses that *passed* the policy, and we
 only ever dial addresses from it.  If the name later flips to 127.0.0.1 the next
 resolution is refused.  Failures (DNS errors, refused names) are not cached.
+In the workers a ``dns`` resolver (``dispatcher/resolver.py``: bounded,
+TTL-cached, one lookup per name, a per-workspace cap) answers names instead
+of getaddrinfo; its answers are checked on every attempt, so this cache is
+not used then.
 
 **Pools.**  Keep-alive pools are keyed by ``(scheme, host, port, ip)``, so a
 connection is only reused for the same name *and* the same checked address.
@@ -56,6 +60,7 @@ import socket
 import ssl
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -75,12 +80,15 @@ from dispatcher.netguard import (
     BlockedURL,
     DnsError,
     InvalidURL,
+    OutboundError,
     OutboundPolicy,
     Resolver,
     Target,
+    check_addresses,
     parse_target,
     resolve_checked,
 )
+from dispatcher.redact import scrub
 
 __all__ = [
     "Dialer",
@@ -118,9 +126,16 @@ class TransportResult:
 
 
 class Transport(Protocol):
-    def post(self, url: str, headers: dict[str, str], body: bytes) -> TransportResult: ...
+    def post(self, url: str, headers: dict[str, str], body: bytes, workspace: str | None = None) -> TransportResult:
+        ...
 
     def close(self) -> None: ...
+
+
+class NameResolver(Protocol):
+    """Addresses of a host name, or DnsError (``dispatcher.resolver.DnsResolver``)."""
+
+    def resolve(self, host: str, workspace: str | None = None) -> list[str]: ...
 
 
 #: Connects a TCP socket to ``(ip, port)`` within ``timeout`` seconds.
@@ -343,7 +358,10 @@ def _classify_protocol(chain: list[BaseException]) -> tuple[ErrorClass, str]:
         return "connection", _os_reason(os_error)
     if _find(chain, urllib3.exceptions.ProtocolError) is not None:
         return "connection", "connection broken"
-    log.warning("unclassified transport error", exc_info=chain[0])
+    # The traceback is scrubbed: an HTTP library's message may quote the URL
+    # (webhook URLs carry tokens) or bytes the receiver sent.
+    trace = "".join(traceback.format_exception(chain[0]))
+    log.warning("unclassified transport error\n%s", scrub(trace).rstrip())
     return "connection", f"unexpected error ({type(chain[0]).__name__})"
 
 
@@ -371,6 +389,7 @@ class _BaseTransport:
         maxsize: int = 8,
         dns_cache_ttl: float = 5.0,
         pool_idle_timeout: float = 60.0,
+        dns: NameResolver | None = None,
     ) -> None:
         if timeout <= 0 or max_response_bytes < 0 or max_hosts < 1 or maxsize < 1:
             raise ValueError("timeout, max_hosts and maxsize must be positive, max_response_bytes >= 0")
@@ -378,6 +397,9 @@ class _BaseTransport:
         self._policy = policy
         self._cap = max_response_bytes
         self._resolver = resolver  # None: socket.getaddrinfo, looked up per call (patched)
+        # The bounded, caching resolver of the workers (dispatcher/resolver.py); when set,
+        # it answers names instead of getaddrinfo and keeps its own TTL cache.
+        self._dns = dns
         self._dialer: Dialer = dialer or tcp_dial
         self._maxsize = maxsize
         self._ssl_context = self._make_ssl_context(ca_certs)
@@ -391,24 +413,25 @@ class _BaseTransport:
         # Default verification: CERT_REQUIRED, check_hostname, system CA store.
         return ssl.create_default_context(cafile=ca_certs)
 
-    def post(self, url: str, headers: dict[str, str], body: bytes) -> TransportResult:
+    def post(self, url: str, headers: dict[str, str], body: bytes, workspace: str | None = None) -> TransportResult:
+        """One attempt; ``workspace`` is whose name lookups this one counts against."""
         started = time.monotonic()
         # A BaseException, so no library's "except Exception" can swallow it; a
         # timeout that is not ours (the caller's own deadline) propagates.
         deadline = self._new_deadline()
         deadline.start()
         try:
-            status, retry_after, data = self._attempt(url, headers, body)
+            status, retry_after, data = self._attempt(url, headers, body, workspace)
         except gevent.Timeout as exc:
             if exc is not deadline:
                 raise
             return self._failed("timeout", f"no complete response within {self._timeout:g}s", started)
         except BlockedURL as exc:
-            return self._failed("blocked", str(exc), started)
+            return self._refused("blocked", exc, started)
         except InvalidURL as exc:
-            return self._failed("invalid_url", str(exc), started)
+            return self._failed("invalid_url", exc.public, started)
         except DnsError as exc:
-            return self._failed("dns", str(exc), started)
+            return self._refused("dns", exc, started)
         except _BadRequestHeader as exc:
             return self._failed("protocol", str(exc), started)
         except Exception as exc:  # post() reports, it never raises
@@ -421,14 +444,21 @@ class _BaseTransport:
         """The attempt's total deadline: a ``gevent.Timeout`` (start/close); see dispatcher/legacy.py for threads."""
         return gevent.Timeout(self._timeout)
 
+    @classmethod
+    def _refused(cls, error: ErrorClass, exc: OutboundError, started: float) -> TransportResult:
+        """The customer's generic reason in the result; the operator's detail (name, address) in the log."""
+        log.info("outbound %s: %s", error, exc)
+        return cls._failed(error, exc.public, started)
+
     @staticmethod
     def _failed(error: ErrorClass, detail: str, started: float) -> TransportResult:
         return TransportResult(None, b"", error, detail, None, time.monotonic() - started)
 
-    def _attempt(self, url: str, headers: dict[str, str], body: bytes) -> tuple[int, str | None, bytes]:
+    def _attempt(self, url: str, headers: dict[str, str], body: bytes,
+                 workspace: str | None) -> tuple[int, str | None, bytes]:
         target = self._target(url)
         wire_headers = self._wire_headers(target, headers, len(body))
-        addresses = self._checked_addresses(target)
+        addresses = self._checked_addresses(target, workspace)
         for i, ip in enumerate(addresses):
             try:
                 return self._exchange(target, ip, wire_headers, body)
@@ -446,9 +476,11 @@ class _BaseTransport:
             self._targets[url] = target
         return target
 
-    def _checked_addresses(self, target: Target) -> list[str]:
+    def _checked_addresses(self, target: Target, workspace: str | None) -> list[str]:
         if target.literal:
             return [target.host]  # checked by parse_target
+        if self._dns is not None and self._resolver is None:
+            return check_addresses(target.host, self._dns.resolve(target.host, workspace), self._policy)
         addresses = self._addresses.get(target.host)
         if addresses is None:
             addresses = resolve_checked(target.host, target.port, self._policy, self._resolver)

@@ -1,11 +1,13 @@
 """Region-wide upkeep, done by exactly one process per region.
 
-The process holding the region's advisory lock (session-level, so it passes
-to another process when its connection dies) stamps its heartbeat row as the
-leader's (``dispatcher status`` shows it, ``dispatcher check`` warns when no
-leader ran a round lately), publishes the live-worker gauge, evaluates the
+The process holding the region's leader lease (a ``region_leader`` row renewed
+every round; it passes to another process when it lapses, or at once when
+the supervisor releases a dead worker's claims) stamps its heartbeat row as
+the leader's (``dispatcher status`` shows it, ``dispatcher check`` warns when
+no leader ran a round lately), publishes the live-worker gauge, evaluates the
 backlog alert by the rule ``dispatcher check`` uses too
-(``dispatcher.health.BacklogRule``), publishes the breaker gauges, sweeps rows whose retry window ran out while
+(``dispatcher.health.BacklogRule``), publishes the breaker gauges, sweeps
+rows whose retry window ran out while
 their endpoint's breaker was open (claims skip those rows, so nothing else
 would ever end them), and applies retention (decisions Q2): dead and failed
 rows, delivered rows and attempt history are pruned in batches once they are
@@ -15,6 +17,8 @@ older than ``retention.*``.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable
 
 from dispatcher.config import Config
@@ -30,26 +34,36 @@ SWEEP_BATCH = 1000
 # 25 M/day (about 290/s) the outbox grows by, so a backlog of expired rows
 # (after an outage of the upkeep leader, say) is worked off within minutes.
 PRUNE_ROUNDS = 100
+# The leader lease: this many upkeep rounds, and never shorter than the floor.
+LEASE_ROUNDS = 3
+LEASE_FLOOR = 30.0
 
 
 class Upkeep:
-    def __init__(self, config: Config, store: EngineStore, metrics: Metrics, presence: Presence | None = None) -> None:
+    def __init__(self, config: Config, store: EngineStore, metrics: Metrics, presence: Presence | None = None,
+                 owner: str = "") -> None:
         self._config = config
         self._store = store
         self._metrics = metrics
-        self._presence = presence  # on the same connection as ``store``, which holds the leader's lock
+        self._presence = presence  # the leader's heartbeat row, stamped each round it holds the lease
         self._backlog_rule = config.alerts.backlog_rule()
         self._published: set[int] = set()  # endpoints whose breaker gauge this leader last set to 1
         self._policies = config.retry.retry_policies()
+        self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        # Several rounds long, so a slow round (a big prune) does not let it lapse under a live leader.
+        self._lease = max(LEASE_FLOOR, LEASE_ROUNDS * config.alerts.check_interval)
         self._is_leader = False
         self._alerting = False
 
     def run_once(self) -> None:
-        if not self._is_leader:
-            self._is_leader = self._store.try_become_leader(self._config.region)
-            if not self._is_leader:
-                return
+        leader = self._store.hold_leadership(self._config.region, self._owner, self._lease)
+        if leader and not self._is_leader:
             log.info("this process now runs region upkeep for %s", self._config.region)
+        elif self._is_leader and not leader:
+            log.warning("this process lost the region upkeep lease for %s", self._config.region)
+        self._is_leader = leader
+        if not leader:
+            return
         self._mark_leader()
         self._check_backlog()
         self._publish_breakers()
@@ -57,8 +71,7 @@ class Upkeep:
         self._prune()
 
     def lost_connection(self) -> None:
-        """The advisory lock went with the connection; campaign again."""
-        self._is_leader = False
+        """The lease outlives a connection: the next round renews it (or finds it taken)."""
 
     def _mark_leader(self) -> None:
         if self._presence is None:

@@ -85,12 +85,14 @@ class Worker:
         self.owner = owner
         self._heartbeat_path = heartbeat_path
         timeout = config.database.connect_timeout
-        self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout))
-        self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout))
-        upkeep = ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout)
+        prepared = config.database.prepared_statements
+        self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout, prepared))
+        self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout, prepared))
+        upkeep = ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout, prepared)
         self._upkeep = EngineStore(upkeep)
         self._leader_presence = Presence(upkeep, owner, config.region)
-        self._presence = Presence(ManagedConnection(dsn, f"dispatcher status {owner}", timeout), owner, config.region)
+        self._presence = Presence(ManagedConnection(dsn, f"dispatcher status {owner}", timeout, prepared), owner,
+                                  config.region)
         self._maker = maker or DeliveryMaker.from_config(config)
         self._metrics = Metrics(config.statsd, config.region)
         self._notifier = make_notifier(config.notifier)
@@ -327,7 +329,7 @@ class Worker:
     def _upkeep_loop(self) -> None:
         from dispatcher.upkeep import Upkeep
 
-        upkeep = Upkeep(self.config, self._upkeep, self._metrics, self._leader_presence)
+        upkeep = Upkeep(self.config, self._upkeep, self._metrics, self._leader_presence, owner=self.owner)
         while not self._stopping.wait(self.config.alerts.check_interval):
             try:
                 upkeep.run_once()

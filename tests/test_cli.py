@@ -218,6 +218,32 @@ class TestWorkspace:
         assert workspace_row(db, "W") == ("s3cret", {"webhook_outbox": False})
 
 
+    def test_secret_from_stdin_or_a_file_stays_out_of_the_process_list(self, db: Database, config: Path,
+                                                                          tmp_path: Path) -> None:
+        # --secret puts the secret in every `ps` listing; stdin and a file do not.
+        environ = {k: v for k, v in os.environ.items() if k != DSN_ENV}
+        piped = subprocess.run([sys.executable, "-m", "dispatcher.cli", "-c", str(config), "workspace", "create",
+                                "--id", "P", "--secret-stdin"], input="from-stdin-secret\n", cwd=REPO, env=environ,
+                               capture_output=True, text=True, timeout=90)
+        ok(piped)
+        assert workspace_row(db, "P") == ("from-stdin-secret", {})
+        secret_file = tmp_path / "secret"
+        secret_file.write_text("from-file-secret\n")
+        ok(cli("-c", config, "workspace", "create", "--id", "F", "--secret-file", secret_file))
+        assert workspace_row(db, "F") == ("from-file-secret", {})
+        usage_error(cli("-c", config, "workspace", "create", "--id", "X", "--secret", "a", "--secret-file",
+                        secret_file), "not allowed with")
+        assert_one_line_error(cli("-c", config, "workspace", "create", "--id", "X", "--secret-file",
+                                  tmp_path / "missing"), ExitCode.USAGE, "cannot read the secret file")
+        empty = tmp_path / "empty"
+        empty.write_text("\n")
+        assert_one_line_error(cli("-c", config, "workspace", "create", "--id", "X", "--secret-file", empty),
+                              ExitCode.USAGE, "secret is empty")
+        assert workspace_row(db, "X") is None
+        help_text = ok(cli("-c", config, "workspace", "create", "--help"))
+        assert "--secret-stdin" in help_text and "--secret-file" in help_text and "ps" in help_text
+
+
 class TestEndpoint:
     def add(self, config: Path, *extra: str, url: str = "http://127.0.0.1:9/x",
             workspace: str = "W") -> subprocess.CompletedProcess[str]:
@@ -248,16 +274,19 @@ class TestEndpoint:
 
     @pytest.mark.parametrize(("url", "names"), [
         ("http://hooks.example.com/x", ("https is required",)),
-        ("https://127.0.0.1/x", ("127.0.0.1", "loopback")),
-        ("https://10.1.2.3/x", ("10.1.2.3", "private")),
-        ("https://169.254.169.254/latest/meta-data", ("link-local",)),
+        # Registration errors reach customers: a generic reason, never the internal address or its kind.
+        ("https://127.0.0.1/x", ("address not allowed",)),
+        ("https://10.1.2.3/x", ("address not allowed",)),
+        ("https://169.254.169.254/latest/meta-data", ("address not allowed",)),
         ("ftp://hooks.example.com/x", ("scheme",)),
     ])
     def test_region_settings_refuse_unsafe_urls(self, db: Database, write_config: WriteConfig, url: str,
                                                 names: tuple[str, ...]) -> None:
         region_like = write_config(db, http={"require_https": True, "allow_private_networks": False})
         ok(cli("-c", region_like, "workspace", "create", "--id", "W"))
-        assert_one_line_error(self.add(region_like, url=url), ExitCode.USAGE, "endpoint URL refused", *names)
+        result = self.add(region_like, url=url)
+        assert_one_line_error(result, ExitCode.USAGE, "endpoint URL refused", *names)
+        assert not any(word in result.stderr for word in ("loopback", "private", "link-local", "10.1.2.3"))
         assert db.query("SELECT count(*) FROM webhook_endpoints") == [(0,)]
 
     def test_region_settings_accept_a_public_https_url(self, db: Database, write_config: WriteConfig) -> None:

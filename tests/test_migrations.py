@@ -139,6 +139,8 @@ PRIMARY_KEYS = {
     "dispatcher_processes": ("owner",),
     "rollout_settings": ("singleton",),
     "rollout_workspaces": ("workspace_id",),
+    # 0007: one upkeep leader lease per region.
+    "region_leader": ("region",),
 }
 
 # (table, key columns, partial-index predicate, unique)
@@ -147,6 +149,8 @@ INDEXES = {
     ("webhook_deliveries", ("next_attempt_at",), "(status = 'pending'::text)", False),
     # Sequences are never duplicated within a workspace.
     ("events", ("workspace_id", "sequence"), None, True),
+    # 0007: the region-wide replay budget reads the last hour of the ledger.
+    ("api_replay_ledger", ("at",), None, False),
 }
 
 CHECKED_VALUES = {

@@ -19,7 +19,7 @@ from typing import Any
 import falcon
 import falcon.media
 
-from dispatcher.api import problems
+from dispatcher.api import auth, problems
 from dispatcher.api.pool import ConnectionPool
 from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.api.resources import (
@@ -30,6 +30,7 @@ from dispatcher.api.resources import (
     Endpoint,
     EventDeliveries,
     Health,
+    HealthCheck,
     OpenApi,
     Recover,
     Replay,
@@ -85,9 +86,11 @@ def create_app(config: Config, dsn: str) -> DispatcherApp:
     pool = ConnectionPool(dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
                           statement_timeout=api.statement_timeout)
     console = _asset("console.html")
-    ctx = ApiContext(config=api, pool=pool, replay_budget=ReplayBudget(api.replays_per_hour),
+    ctx = ApiContext(config=api, pool=pool,
+                     replay_budget=ReplayBudget(api.replays_per_hour, region_per_hour=api.region_replays_per_hour),
                      breaker=config.breaker.policy(), openapi=_asset("openapi.json"), console=console,
-                     console_csp=_csp_for(console))
+                     console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),
+                     health=HealthCheck(pool))
     app = DispatcherApp(media_type=falcon.MEDIA_JSON)
     app.pool = pool
     handler = falcon.media.JSONHandler(dumps=functools.partial(json.dumps, default=_json_default))

@@ -8,9 +8,13 @@ timing-sensitive code.
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import re
 import secrets
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dispatcher import store
@@ -23,6 +27,14 @@ SCOPES = (READ, WRITE)
 TOKEN_PREFIX = "dsp_"
 # Anything longer than a real token is refused before it is hashed.
 _MAX_TOKEN_CHARS = 200
+# Every token we issue has this shape (token_urlsafe's alphabet); anything else
+# is refused without a database lookup.
+_TOKEN_SHAPE = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]+")
+# A hash found unknown is answered from memory for this long.  Short, because a
+# token created meanwhile must start working soon; a new token's hash is
+# unguessable, so it is never in here unless someone held the token already.
+UNKNOWN_TOKEN_TTL = 10.0
+UNKNOWN_TOKEN_ENTRIES = 10000
 
 
 class Unauthenticated(Exception):
@@ -61,14 +73,51 @@ def bearer_token(authorization: str | None) -> str:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
-    if len(token) > _MAX_TOKEN_CHARS or not token.isascii():
+    if len(token) > _MAX_TOKEN_CHARS or not _TOKEN_SHAPE.fullmatch(token):
         raise Unauthenticated("the bearer token is not valid")
     return token
 
 
-def authenticate(conn: store.Connection, token: str, scope: str) -> Principal:
-    found = api_data.lookup_token(conn, hash_token(token))
+class UnknownTokens:
+    """A bounded, short-lived memory of token hashes the database did not know.
+
+    A client retrying one bogus token then costs no database round trip.  (A
+    client sending a new random token each time still costs one indexed lookup
+    per request, bounded by the pool; rate limiting is the proxy's job.)
+    """
+
+    def __init__(self, ttl: float = UNKNOWN_TOKEN_TTL, max_entries: int = UNKNOWN_TOKEN_ENTRIES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = ttl
+        self._max = max_entries
+        self._clock = clock
+        self._until: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self._lock = threading.Lock()  # held without I/O
+
+    def known_unknown(self, token_sha256: str) -> bool:
+        with self._lock:
+            until = self._until.get(token_sha256)
+            if until is None:
+                return False
+            if until <= self._clock():
+                del self._until[token_sha256]
+                return False
+            return True
+
+    def remember(self, token_sha256: str) -> None:
+        with self._lock:
+            self._until.pop(token_sha256, None)
+            while len(self._until) >= self._max:
+                self._until.popitem(last=False)  # the oldest entry goes first
+            self._until[token_sha256] = self._clock() + self._ttl
+
+
+def authenticate(conn: store.Connection, token: str, scope: str, unknown: UnknownTokens) -> Principal:
+    """The principal of ``token`` holding ``scope``; the caller checked ``unknown`` before taking ``conn``."""
+    token_sha256 = hash_token(token)
+    found = api_data.lookup_token(conn, token_sha256)
     if found is None:
+        unknown.remember(token_sha256)
         raise Unauthenticated("the bearer token is not valid")
     principal = Principal(workspace_id=found[0], scopes=found[1])
     if scope not in principal.scopes:

@@ -141,7 +141,10 @@ def json_body(req: falcon.Request, max_bytes: int) -> Any:
     """The request body parsed as JSON, read up to ``max_bytes``."""
     if req.content_length is not None and req.content_length > max_bytes:
         raise Problem(413, "body-too-large", "Body too large", f"request bodies are limited to {max_bytes} bytes")
-    raw = req.bounded_stream.read(max_bytes + 1)
+    try:
+        raw = req.bounded_stream.read(max_bytes + 1)
+    except OSError:  # the server's read timeout (api.read_timeout) or a dropped client
+        raise Problem(408, "request-timeout", "Request Timeout", "the request body did not arrive in time") from None
     if len(raw) > max_bytes:
         raise Problem(413, "body-too-large", "Body too large", f"request bodies are limited to {max_bytes} bytes")
     if not raw.strip():

@@ -42,6 +42,8 @@ class ConnectionPool:
         self._slots = threading.BoundedSemaphore(size)
         self._idle: collections.deque[store.Connection] = collections.deque()
         self._closed = False
+        # Connections lent so far: what a route costs the database, for tests and operators.
+        self.lent = 0
 
     def _open(self) -> store.Connection:
         conn = store.connect(self._dsn, self._connect_timeout, "dispatcher-api")
@@ -84,6 +86,7 @@ class ConnectionPool:
         """Lend a connection for one request; operational failures become DatabaseUnavailable."""
         if self._closed or not self._slots.acquire(timeout=self._connect_timeout):
             raise PoolTimeout("no database connection became free in time")
+        self.lent += 1
         conn: store.Connection | None = None
         try:
             conn = self._take()

@@ -42,24 +42,36 @@ class Spent:
 class ReplayBudget:
     per_hour: int
     rows_per_unit: int = ROWS_PER_REPLAY_UNIT
+    # Every workspace of the region together: a loop of recovers spread over
+    # many workspaces must not flood the shared outbox either.
+    region_per_hour: int | None = None
 
     def units_for_rows(self, rows: int) -> int:
         return math.ceil(rows / self.rows_per_unit)
 
     def refusal(self, window: Sequence[Spent], units: int) -> ReplayLimited | None:
-        """None if ``units`` fit beside ``window`` (oldest first); else the refusal,
-        with the seconds until enough of the oldest spending has left the window."""
-        used = sum(entry.units for entry in window)
-        if used + units <= self.per_hour:
+        """None if ``units`` fit beside the workspace's ``window`` (oldest first); else the
+        refusal, with the seconds until enough of the oldest spending has left the window."""
+        return _refusal(self.per_hour, window, units, "for this workspace")
+
+    def region_refusal(self, window: Sequence[Spent], units: int) -> ReplayLimited | None:
+        """The same decision against the whole region's ``window`` and ``region_per_hour``."""
+        if self.region_per_hour is None:
             return None
-        if units > self.per_hour:
-            return ReplayLimited(f"this request needs {units} replay units but the hourly limit is "
-                                 f"{self.per_hour}", None)
-        excess, freed = used + units - self.per_hour, 0
-        retry_after = WINDOW_SECONDS  # unreachable fallback: the whole window frees `used` >= excess
-        for entry in window:
-            freed += entry.units
-            if freed >= excess:
-                retry_after = max(1, math.ceil(entry.expires_in))
-                break
-        return ReplayLimited(f"replay limit of {self.per_hour} per hour reached for this workspace", retry_after)
+        return _refusal(self.region_per_hour, window, units, "for the region (all workspaces)")
+
+
+def _refusal(limit: int, window: Sequence[Spent], units: int, scope: str) -> ReplayLimited | None:
+    used = sum(entry.units for entry in window)
+    if used + units <= limit:
+        return None
+    if units > limit:
+        return ReplayLimited(f"this request needs {units} replay units but the hourly limit {scope} is {limit}", None)
+    excess, freed = used + units - limit, 0
+    retry_after = WINDOW_SECONDS  # unreachable fallback: the whole window frees `used` >= excess
+    for entry in window:
+        freed += entry.units
+        if freed >= excess:
+            retry_after = max(1, math.ceil(entry.expires_in))
+            break
+    return ReplayLimited(f"replay limit of {limit} per hour reached {scope}", retry_after)

@@ -9,7 +9,9 @@ problems by the handlers in ``problems``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,6 +19,7 @@ from typing import Any
 
 import falcon
 
+from dispatcher import store
 from dispatcher.api import auth, params
 from dispatcher.api.pool import ConnectionPool
 from dispatcher.api.problems import Problem, bad_request, not_found, unprocessable
@@ -24,6 +27,10 @@ from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.config import ApiConfig
 from dispatcher.store import Connection, api_data
+
+# /healthz answers from a ping at most this old: a flood of probes costs one
+# database round trip per second, not one each.
+HEALTH_TTL = 1.0
 
 
 @dataclass(frozen=True)
@@ -35,23 +42,43 @@ class ApiContext:
     openapi: bytes
     console: bytes
     console_csp: str
+    unknown_tokens: auth.UnknownTokens
+    health: HealthCheck
 
 
 @contextmanager
 def session(ctx: ApiContext, req: falcon.Request, scope: str) -> Iterator[tuple[Connection, auth.Principal]]:
     """A pooled connection plus the authenticated principal holding ``scope``."""
+    token = _plausible_token(ctx, req)
+    with ctx.pool.connection() as conn:
+        yield conn, _authenticate(ctx, conn, token, scope)
+
+
+def principal(ctx: ApiContext, req: falcon.Request, scope: str) -> auth.Principal:
+    """The authenticated principal, on a connection held only for the token lookup."""
+    token = _plausible_token(ctx, req)
+    with ctx.pool.connection() as conn:
+        return _authenticate(ctx, conn, token, scope)
+
+
+def _plausible_token(ctx: ApiContext, req: falcon.Request) -> str:
+    """The request's token, unless its shape or a recent lookup already says it is bogus (no database)."""
     try:
         token = auth.bearer_token(req.get_header("Authorization"))
     except auth.Unauthenticated as exc:
         raise _unauthorized(str(exc)) from None
-    with ctx.pool.connection() as conn:
-        try:
-            principal = auth.authenticate(conn, token, scope)
-        except auth.Unauthenticated as exc:
-            raise _unauthorized(str(exc)) from None
-        except auth.Forbidden as exc:
-            raise Problem(403, "forbidden", "Forbidden", str(exc)) from None
-        yield conn, principal
+    if ctx.unknown_tokens.known_unknown(auth.hash_token(token)):
+        raise _unauthorized("the bearer token is not valid")
+    return token
+
+
+def _authenticate(ctx: ApiContext, conn: Connection, token: str, scope: str) -> auth.Principal:
+    try:
+        return auth.authenticate(conn, token, scope, ctx.unknown_tokens)
+    except auth.Unauthenticated as exc:
+        raise _unauthorized(str(exc)) from None
+    except auth.Forbidden as exc:
+        raise Problem(403, "forbidden", "Forbidden", str(exc)) from None
 
 
 def _unauthorized(detail: str) -> Problem:
@@ -209,10 +236,13 @@ class Recover:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
         config = self.ctx.config
-        with session(self.ctx, req, auth.WRITE) as (conn, who):
-            ident = params.path_id(endpoint_id, "endpoint")
-            params.only(req)
-            since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
+        who = principal(self.ctx, req, auth.WRITE)
+        ident = params.path_id(endpoint_id, "endpoint")
+        params.only(req)
+        # The body is read and checked before a connection is taken: a slow
+        # upload holds a greenlet, never one of the pool's few connections.
+        since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
+        with self.ctx.pool.connection() as conn:
             result = api_data.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget)
         resp.status = falcon.HTTP_202
         resp.media = {"endpoint_id": ident, "queued": result.queued, "replay_units": result.units,
@@ -226,9 +256,46 @@ class Health:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        with self.ctx.pool.connection() as conn:
-            api_data.ping(conn)
+        self.ctx.health.check()
         resp.media = {"status": "ok"}
+
+
+class HealthCheck:
+    """The database's answer to a ping, reused for ``ttl`` seconds (a failure too).
+
+    One caller pings at a time; callers arriving meanwhile wait for its answer
+    rather than pinging themselves.
+    """
+
+    def __init__(self, pool: ConnectionPool, ttl: float = HEALTH_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()  # a gevent lock in the server: waiting yields
+        self._checked_at = -math.inf
+        self._healthy = False
+
+    def _fresh(self) -> bool:
+        return self._clock() - self._checked_at < self._ttl
+
+    def check(self) -> None:
+        """Return if the database answered recently; raise DatabaseUnavailable if it did not."""
+        if not self._fresh():
+            with self._lock:
+                if not self._fresh():
+                    self._healthy = self._ping()
+                    self._checked_at = self._clock()
+        if not self._healthy:
+            raise store.DatabaseUnavailable("the database is unavailable")
+
+    def _ping(self) -> bool:
+        try:
+            with self._pool.connection() as conn:
+                api_data.ping(conn)
+        except store.DatabaseUnavailable:
+            return False
+        return True
 
 
 class OpenApi:

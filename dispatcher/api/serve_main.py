@@ -11,15 +11,16 @@ from dispatcher.entry import patch_or_exit
 patch_or_exit("dispatcher api")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 import gevent  # noqa: E402
-from gevent.pywsgi import WSGIServer  # noqa: E402
 
 from dispatcher.api.app import create_app  # noqa: E402
+from dispatcher.api.server import BoundedServer, ClientLimits, ensure_descriptors  # noqa: E402
 from dispatcher.config import Config, load_config  # noqa: E402
 from dispatcher.embedded import resolve_dsn  # noqa: E402
 from dispatcher.entry import check_schema, run_command  # noqa: E402
@@ -29,7 +30,6 @@ from dispatcher.logsetup import configure_logging  # noqa: E402
 log = logging.getLogger("dispatcher.api")
 # In-flight requests get this long to finish after SIGTERM/SIGINT.
 SHUTDOWN_GRACE = 5.0
-MAX_OPEN_REQUESTS = 1000
 
 
 def serve(config: Config) -> int:
@@ -37,11 +37,13 @@ def serve(config: Config) -> int:
     # Fail fast at boot on an unreachable or unmigrated database, like every other command.
     check_schema(config.source, dsn, config.database.connect_timeout, "dispatcher-api")
     app = create_app(config, dsn)
-    # Bound the greenlets too: past this many open requests, new connections
-    # wait in the listen backlog instead of queueing for the database pool.
-    server = WSGIServer(config.api.listen, app, spawn=MAX_OPEN_REQUESTS,
-                        log=logging.getLogger("dispatcher.api.access"),
-                        error_log=logging.getLogger("dispatcher.api.error"))
+    limits = ClientLimits.from_config(config.api)
+    limits = dataclasses.replace(limits, max_connections=ensure_descriptors(limits.max_connections))
+    # Past max_connections, new connections wait in the listen backlog; the
+    # client timeouts (api/server.py) bound how long anyone holds a slot.
+    server = BoundedServer(config.api.listen, app, limits,
+                           log=logging.getLogger("dispatcher.api.access"),
+                           error_log=logging.getLogger("dispatcher.api.error"))
 
     def stop(signum: int) -> None:
         log.info("signal %d: stopping (grace %.0fs)", signum, SHUTDOWN_GRACE)

@@ -112,6 +112,24 @@ SELECT units, extract(epoch FROM at + interval '1 hour' - now())::float8 AS expi
  WHERE workspace_id = %(workspace_id)s AND at > now() - interval '1 hour'
  ORDER BY at, id;
 
+-- name: api_region_replay_lock
+-- Serialises the region-wide budget check. Always taken after the workspace's
+-- lock (api_replay_lock), by every spender, so the two never deadlock.
+SELECT pg_advisory_xact_lock(hashtextextended('dispatcher.api.replay-region', 0));
+
+-- name: api_region_replay_window
+-- Every workspace's spending in the last hour, one entry per minute (oldest
+-- first) so the answer stays small; an entry leaves the window with its
+-- minute's newest spend, so a Retry-After may be up to a minute generous.
+-- Expired rows are not deleted here: other workspaces' rows are theirs to
+-- delete under their own lock (api_replay_window).
+SELECT sum(units)::int AS units,
+       extract(epoch FROM max(at) + interval '1 hour' - now())::float8 AS expires_in
+  FROM api_replay_ledger
+ WHERE at > now() - interval '1 hour'
+ GROUP BY date_trunc('minute', at)
+ ORDER BY min(at);
+
 -- name: api_replay_spend
 INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(units)s);
 
@@ -140,16 +158,16 @@ SELECT e.id, e.url, e.active, e.event_types, e.created_at,
 -- name: api_endpoint_for_recover
 SELECT active FROM webhook_endpoints WHERE id = %(id)s AND workspace_id = %(workspace_id)s;
 
--- name: api_recover_insert
+-- name: api_recover_candidates
 -- One row per event: the newest dead/failed live row of each event this
 -- endpoint failed since the cut-off, unless the event is already pending or
 -- delivered on this endpoint (an earlier recover or replay).  Run under the
 -- workspace lock, so concurrent recovers cannot both queue the same event.
-INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
-                                attempt, status, mode, next_attempt_at, replay_of)
-SELECT c.workspace_id, c.endpoint_id, c.event_id, c.payload_hash, 0, 'pending', 'live', now(), c.id
+-- Only read here: the rows are inserted (api_recover_insert) once the budget
+-- has paid for them, so a refused recover writes nothing.
+SELECT c.id
   FROM (
-    SELECT DISTINCT ON (d.event_id) d.id, d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash
+    SELECT DISTINCT ON (d.event_id) d.id
       FROM webhook_deliveries d
      WHERE d.endpoint_id = %(endpoint_id)s AND d.workspace_id = %(workspace_id)s
        AND d.status IN ('dead', 'failed') AND d.mode = 'live'
@@ -159,5 +177,14 @@ SELECT c.workspace_id, c.endpoint_id, c.event_id, c.payload_hash, 0, 'pending', 
                           AND o.status IN ('pending', 'delivered'))
      ORDER BY d.event_id, d.id DESC
   ) c
- ORDER BY c.id
+ ORDER BY c.id;
+
+-- name: api_recover_insert
+-- A new replay row for each candidate the budget paid for.
+INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
+                                attempt, status, mode, next_attempt_at, replay_of)
+SELECT d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash, 0, 'pending', 'live', now(), d.id
+  FROM webhook_deliveries d
+ WHERE d.id = ANY (%(ids)s::bigint[]) AND d.workspace_id = %(workspace_id)s
+ ORDER BY d.id
 RETURNING id;

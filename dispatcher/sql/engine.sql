@@ -201,14 +201,28 @@ UPDATE webhook_deliveries w
 RETURNING w.id;
 
 -- name: engine_release_owner
--- The supervisor hands back every row a dead worker had claimed.
+-- The supervisor hands back every row a dead worker had claimed, and its
+-- upkeep lease, so another process takes the region over at its next round
+-- instead of when the lease lapses.
+WITH leader AS (
+    DELETE FROM region_leader WHERE owner = %(owner)s
+)
 UPDATE webhook_deliveries
    SET next_attempt_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL
  WHERE status = 'pending' AND locked_by = %(owner)s
 RETURNING id;
 
--- name: engine_try_leader
-SELECT pg_try_advisory_lock(hashtext('dispatcher.leader.' || %(region)s));
+-- name: engine_hold_leadership
+-- The region's upkeep leader holds a lease row, renewed every upkeep round;
+-- another process takes it only once it has lapsed (or the supervisor
+-- deleted it with the dead owner's claims: engine_release_owner).  Returns a
+-- row only to the holder.  Works through a transaction pooler, unlike a
+-- session advisory lock.
+INSERT INTO region_leader AS l (region, owner, until)
+VALUES (%(region)s, %(owner)s, now() + make_interval(secs => %(lease)s))
+ON CONFLICT (region) DO UPDATE SET owner = EXCLUDED.owner, until = EXCLUDED.until
+ WHERE l.until < now() OR l.owner = EXCLUDED.owner
+RETURNING l.owner;
 
 -- name: engine_backlog
 -- The figures of the backlog rule (dispatcher/health.py BacklogRule), read by

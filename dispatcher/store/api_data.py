@@ -125,16 +125,22 @@ def event_exists(conn: Connection, workspace_id: str, event_id: str) -> bool:
 
 
 def _charge(conn: Connection, workspace_id: str, units: int, budget: ReplayBudget) -> None:
-    """Spend ``units`` of the workspace's sliding-hour budget, or raise the budget's refusal.
+    """Spend ``units`` of the workspace's and the region's sliding-hour budgets, or raise the refusal.
 
-    Must run inside the caller's transaction, after ``api_replay_lock``: the
-    spend then commits or rolls back together with the rows it paid for.
+    Must run inside the caller's transaction, after ``api_replay_lock`` and
+    before anything is written: a refused request then writes nothing, and
+    a spend commits or rolls back together with the rows it paid for.
     """
     from dispatcher.api.replay_budget import Spent
 
     window = [Spent(int(r["units"]), float(r["expires_in"]))
               for r in query_rows(conn, "api_replay_window", {"workspace_id": workspace_id})]
     refusal = budget.refusal(window, units)
+    if refusal is None and budget.region_per_hour is not None:
+        run_query(conn, "api_region_replay_lock")
+        region = [Spent(int(r["units"]), float(r["expires_in"]))
+                  for r in query_rows(conn, "api_region_replay_window")]
+        refusal = budget.region_refusal(region, units)
     if refusal is not None:
         raise refusal
     run_query(conn, "api_replay_spend", {"workspace_id": workspace_id, "units": units})
@@ -195,11 +201,13 @@ def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: dateti
         # The lock also serialises concurrent recovers of one endpoint, so the
         # "already pending" test below cannot let both queue the same event.
         run_query(conn, "api_replay_lock", {"workspace_id": workspace_id})
-        # Insert first, then pay: a refused charge raises inside this
-        # transaction, which rolls the inserted rows back with it.
-        queued = len(run_query(conn, "api_recover_insert", params))
-        if queued == 0:
+        # Count, pay, then insert exactly what was paid for: a refused charge
+        # raises before any row is written (no insert-then-rollback churn in
+        # the hot outbox table).
+        ids = [int(r["id"]) for r in query_rows(conn, "api_recover_candidates", params)]
+        if not ids:
             return RecoverResult(queued=0, units=0)
-        units = budget.units_for_rows(queued)
+        units = budget.units_for_rows(len(ids))
         _charge(conn, workspace_id, units, budget)
+        queued = len(run_query(conn, "api_recover_insert", {"ids": ids, "workspace_id": workspace_id}))
     return RecoverResult(queued=queued, units=units)

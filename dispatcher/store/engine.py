@@ -96,10 +96,12 @@ class ManagedConnection:
     of 0.6 s once one endpoint had 20k due rows (the isolation benchmark).
     """
 
-    def __init__(self, dsn: str, application_name: str, connect_timeout: float = 5.0) -> None:
+    def __init__(self, dsn: str, application_name: str, connect_timeout: float = 5.0,
+                 prepared_statements: bool = True) -> None:
         self._dsn = dsn
         self._application_name = application_name
         self._connect_timeout = connect_timeout
+        self._use_prepared = prepared_statements
         self._conn: Connection | None = None
         self._prepared: set[str] = set()
 
@@ -107,18 +109,30 @@ class ManagedConnection:
         if self._conn is None or self._conn.closed:
             conn = connect(self._dsn, self._connect_timeout, self._application_name)
             conn.autocommit = True
-            try:
-                with conn.cursor() as cur:
-                    cur.execute("SET plan_cache_mode = force_custom_plan")
-            except psycopg2.Error as exc:
-                conn.close()
-                raise translate(exc) from None
+            # Only prepared statements have cached plans.  Without them (behind a
+            # transaction pooler) this session SET would be wrong twice over: it
+            # would land on whichever server connection ran it, for other clients.
+            if self._use_prepared:
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute("SET plan_cache_mode = force_custom_plan")
+                except psycopg2.Error as exc:
+                    conn.close()
+                    raise translate(exc) from None
             self._conn = conn
             self._prepared = set()
         return self._conn
 
     def prepared(self, cur: Any, name: str) -> str:
-        """The EXECUTE text for query ``name``, PREPAREd on this connection at first use."""
+        """The EXECUTE text for query ``name``, PREPAREd on this connection at first use.
+
+        With ``database.prepared_statements: false`` the query's own text: a
+        transaction pooler (PgBouncer ``pool_mode = transaction``) runs each
+        statement on any server connection, where our PREPARE may not exist
+        (or already exist: 42P05).  Each execution is then parsed and planned.
+        """
+        if not self._use_prepared:
+            return QUERIES[name]
         plan = _plan(name)
         if name not in self._prepared:
             cur.execute(plan.prepare)
@@ -333,11 +347,15 @@ class EngineStore:
             cur.execute(QUERIES["engine_release_owner"], {"owner": owner})
             return len(cur.fetchall())
 
-    def try_become_leader(self, region: str) -> bool:
-        """Session-level advisory lock: held for as long as this connection lives."""
+    def hold_leadership(self, region: str, owner: str, lease: float) -> bool:
+        """Take or renew the region's leader lease (``region_leader``); True while ``owner`` holds it.
+
+        A lease row, not a session advisory lock: behind a transaction pooler a
+        session lock lands on a shared server connection and means nothing.
+        """
         with self._conn.statement() as cur:
-            cur.execute(QUERIES["engine_try_leader"], {"region": region})
-            return bool(cur.fetchone()[0])
+            cur.execute(QUERIES["engine_hold_leadership"], {"region": region, "owner": owner, "lease": lease})
+            return bool(cur.fetchall())
 
     def backlog(self, rule: BacklogRule) -> BacklogFigures:
         """The backlog rule's figures (engine_backlog, shared with ``dispatcher check``)."""

@@ -9,7 +9,10 @@ API's responses for them.
 from __future__ import annotations
 
 import json
+import re
+import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import falcon.testing
 import pytest
@@ -111,6 +114,43 @@ def test_a_secret_straddling_the_256_byte_cut_leaves_no_part_in_clear(secret: st
         pieces = {secret[i:i + 6] for i in range(len(secret) - 5)}
         leaked = [p for p in pieces if p in out and p not in "ab ab "]
         assert not leaked, (start, out[-60:])
+
+
+ODD_SECRET = "legacy/secret+with=odd/chars-1"  # a plain legacy secret with the characters encodings change
+ODD_RUN = "dGhpcyBpcyBhIHZlcnkg/bG9uZyBzZWNyZXQgdmFsdWUgaW5k+ZWVkIHllcw/YWdhaW4="  # an unknown key (base64)
+
+
+def _pieces_left(secret: str, out: str) -> list[str]:
+    pieces = {secret[i:i + 6] for i in range(len(secret) - 5)}
+    return sorted(p for p in pieces if p in out)
+
+
+@pytest.mark.parametrize(("form", "encode"), [
+    ("json-escaped", lambda s: s.replace("/", "\\/")),
+    ("percent-encoded", lambda s: urllib.parse.quote(s, safe="")),
+    ("percent-encoded-lower", lambda s: re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(),
+                                               urllib.parse.quote(s, safe=""))),
+    # A wrapped key: the known secret anywhere, an unknown key after a long first line.
+    ("split-by-a-line-break", lambda s: s[:len(s) * 2 // 3] + "\n" + s[len(s) * 2 // 3:]),
+    ("split-by-crlf-and-indent", lambda s: s[:len(s) * 2 // 3] + "\r\n    " + s[len(s) * 2 // 3:]),
+    ("split-by-an-escaped-line-break", lambda s: s[:len(s) * 2 // 3] + "\\n" + s[len(s) * 2 // 3:]),
+    ("split-early", lambda s: s[:3] + "\n" + s[3:]),
+])
+def test_encoded_and_split_secrets_are_masked(form: str, encode: Any) -> None:
+    text = f'{{"echo": "{encode(ODD_SECRET)}", "key": "{encode(ODD_RUN)}", "ok": "ordinary words"}}'
+    for out in (scrub(text, [ODD_SECRET]), excerpt(text.encode(), secrets=[ODD_SECRET])):
+        assert not _pieces_left(ODD_SECRET, out), (form, out)
+        assert not _pieces_left(ODD_RUN.replace("/", "").replace("+", ""), out.replace("\\", "")), (form, out)
+        assert "ordinary words" in out
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_utf16_bodies_are_scrubbed(codec: str) -> None:
+    body = f'{{"echo": "{ODD_SECRET}", "key": "{ODD_RUN}", "ok": "ordinary words"}}'.encode(codec)
+    out = excerpt(body, secrets=[ODD_SECRET])
+    readable = out.replace("\ufffd", "")  # undecoded UTF-16 would read as the text with U+FFFD between
+    assert not _pieces_left(ODD_SECRET, readable) and not _pieces_left(ODD_RUN, readable), out
+    assert "ordinary words" in out and "\x00" not in out
 
 
 def test_a_pair_straddling_the_cut_is_masked() -> None:

@@ -212,11 +212,11 @@ def run_poison_worker(config: str, dsn: str, poison_event_id: str, secret: str, 
     raised: list[str] = []
 
     class PoisonTransport:
-        def post(self, url: str, headers: dict[str, str], body: bytes) -> Any:
+        def post(self, url: str, headers: dict[str, str], body: bytes, workspace: str | None = None) -> Any:
             if headers.get("webhook-id") == poison_event_id:
                 raised.append(poison_event_id)
                 raise KeyError(f"cannot process this row (signing key {secret})")
-            return inner.post(url, headers, body)
+            return inner.post(url, headers, body, workspace)
 
         def close(self) -> None:
             inner.close()

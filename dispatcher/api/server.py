@@ -1,0 +1,130 @@
+"""The API's HTTP server: gevent's WSGIServer with the bounds a hostile client needs.
+
+gevent's server on its own waits forever for a request that never finishes
+(slowloris) and, with a fixed greenlet pool, 1,000 such connections stopped
+every other caller, ``/healthz`` included.  Here:
+
+* a new connection must send its first byte within ``api.idle_timeout``, and a
+  kept-alive one within ``api.keepalive_timeout`` of its last answer;
+* once a request has started, its whole head (request line and headers) must
+  arrive within ``api.read_timeout`` -- one deadline, so trickling a byte at a
+  time does not extend it;
+* every socket read or write after that (a request body, a client that does
+  not read its answer) waits at most ``api.read_timeout`` per operation;
+* at most ``api.max_connections`` connections are served at once; past that,
+  new ones wait in the listen backlog, and the timeouts above free slots.
+
+A held connection costs a greenlet and a descriptor, never a database
+connection: resources take one only for their queries (``api/resources.py``).
+
+Why not gunicorn's gevent worker: it has no deadline for a request head either
+(its documentation asks for a buffering proxy in front), so it would not close
+a slowloris connection; it would add a second process model beside the
+supervisor's for no gain here.
+
+This module imports gevent: only ``serve_main`` imports it, after its patch.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+from gevent.pool import Pool
+from gevent.pywsgi import WSGIHandler, WSGIServer
+
+from dispatcher.config import ApiConfig
+
+log = logging.getLogger("dispatcher.api")
+# Descriptors the process needs beside its client connections (database pool, logs, listener).
+_SPARE_DESCRIPTORS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    idle_timeout: float
+    read_timeout: float
+    keepalive_timeout: float
+    max_connections: int
+
+    @classmethod
+    def from_config(cls, api: ApiConfig) -> ClientLimits:
+        return cls(api.idle_timeout, api.read_timeout, api.keepalive_timeout, api.max_connections)
+
+
+class _SlowHead(Exception):
+    """The request head did not arrive within its deadline."""
+
+
+class BoundedHandler(WSGIHandler):
+    """A WSGIHandler whose waits on the client are all bounded (see the module docstring)."""
+
+    server: BoundedServer
+    _served = 0
+    _head_deadline: gevent.Timeout | None = None
+
+    def handle_one_request(self) -> Any:
+        limits = self.server.limits
+        if not self._wait_for_first_byte(limits.keepalive_timeout if self._served else limits.idle_timeout):
+            return None
+        self._head_deadline = gevent.Timeout(limits.read_timeout, _SlowHead)
+        self._head_deadline.start()
+        try:
+            return super().handle_one_request()
+        except _SlowHead:
+            log.debug("closing a connection whose request head took longer than %gs", limits.read_timeout)
+            return None
+        finally:
+            self._head_deadline.close()
+            self._served += 1
+
+    def _wait_for_first_byte(self, wait: float) -> bool:
+        """True once a byte of the next request is here; False (close) on silence, EOF or error."""
+        try:
+            self.socket.settimeout(wait)
+            ready = bool(self.rfile.peek(1))  # returns at once if a pipelined request is buffered
+            self.socket.settimeout(self.server.limits.read_timeout)
+            return ready
+        except OSError:  # includes the timeout: the client stayed silent
+            return False
+
+    def read_request(self, raw_requestline: str) -> Any:
+        try:
+            return super().read_request(raw_requestline)
+        finally:
+            # The head is in: the application (and the body it reads) runs
+            # under the per-read socket timeout, not under the head deadline.
+            if self._head_deadline is not None:
+                self._head_deadline.close()
+
+
+class BoundedServer(WSGIServer):
+    handler_class = BoundedHandler
+
+    def __init__(self, listener: tuple[str, int], application: Any, limits: ClientLimits, **kwargs: Any) -> None:
+        self.limits = limits
+        super().__init__(listener, application, spawn=Pool(limits.max_connections), **kwargs)
+
+    def handle(self, sock: socket.socket, address: Any) -> None:
+        sock.settimeout(self.limits.read_timeout)
+        super().handle(sock, address)
+
+
+def ensure_descriptors(max_connections: int) -> int:
+    """Raise the soft descriptor limit so ``max_connections`` fit; returns the connections that do fit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_connections + _SPARE_DESCRIPTORS
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        fitting = max(1, soft - _SPARE_DESCRIPTORS)
+        log.warning("api.max_connections %d does not fit the descriptor limit %d; serving at most %d",
+                    max_connections, soft, fitting)
+        return fitting
+    return max_connections
