@@ -109,7 +109,7 @@ def phase0(conn: store.Connection, params: dict[str, Any]) -> Report:
     return Report("phase0", "dry-run backlog age p99 (shadow row created -> marked), s", p99,
                   f"< {PHASE0_BACKLOG_P99_S:g} s", passed,
                   {"shadow_rows": row["rows"], "unmarked": row["unmarked"],
-                   "producer_p99": "read the statsd timer <prefix>.webhook_producer_outbox_write_seconds "
+                   "producer_p99": "read the statsd histogram webhook_producer_outbox_write_seconds "
                                    "(p99 < 2 ms; docs/metrics.md)"})
 
 

@@ -50,13 +50,6 @@ if TYPE_CHECKING:  # the transport module imports gevent: producers must not loa
 
 log = logging.getLogger("dispatcher.producer")
 
-# statsd timers (ms), docs/metrics.md.  The whole call, by path, and the
-# outbox statement alone (the RFC's phase 0 gate: "outbox insert adds under
-# 2 ms p99 to producers").
-SEND_TIMER = "webhook_producer_send_seconds"
-WRITE_TIMER = "webhook_producer_outbox_write_seconds"
-
-
 class ProducerError(ValueError):
     """The event cannot be sent as given; nothing was written."""
 
@@ -154,7 +147,9 @@ class WebhookSender:
         return self._transport
 
     def _time(self, mode: str | None, write: float, total: float) -> None:
-        # Metrics never block or break send(): UDP, and any error is swallowed.
+        # Metrics never block or break send(): UDP, and any error is swallowed.  The whole
+        # call by path, and the outbox statement alone (the RFC's phase 0 gate: "outbox
+        # insert adds under 2 ms p99 to producers"); names in docs/metrics.md.
         try:
             if self._metrics is None:
                 self._metrics = Metrics(self._config.statsd, self._config.region)
