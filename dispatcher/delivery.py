@@ -61,7 +61,7 @@ def build_transport(config: Config) -> Transport:
                       per_workspace=http.dns_per_workspace)
     return make_transport(http.client, timeout=http.timeout,  # type: ignore[arg-type]
                           max_response_bytes=http.max_response_bytes,
-                          policy=OutboundPolicy.from_config(http), dns=dns,
+                          policy=OutboundPolicy.from_config(http), dns=dns, ca_certs=http.ca_file,
                           maxsize=max(config.workers.per_endpoint_concurrency, config.workers.max_in_flight))
 
 

@@ -114,7 +114,7 @@ class ThreadTransport(Urllib3Transport):
 
     @staticmethod
     def _make_ssl_context(ca_certs: str | None) -> ssl.SSLContext:
-        context = ssl.create_default_context(cafile=ca_certs)
+        context = Urllib3Transport._make_ssl_context(ca_certs)  # the engine's trust: system store + http.ca_file
         context.sslsocket_class = _DeadlineSSLSocket
         return context
 
@@ -122,4 +122,5 @@ class ThreadTransport(Urllib3Transport):
 def legacy_transport(config: Config) -> Transport:
     """The synchronous path's transport: the engine's outbound policy and read cap, ``producer.legacy_timeout``."""
     return ThreadTransport(timeout=config.producer.legacy_timeout, policy=OutboundPolicy.from_config(config.http),
-                           max_response_bytes=config.http.max_response_bytes, dialer=deadline_dial, maxsize=4)
+                           max_response_bytes=config.http.max_response_bytes, dialer=deadline_dial, maxsize=4,
+                           ca_certs=config.http.ca_file)
