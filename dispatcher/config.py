@@ -113,6 +113,26 @@ def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network
         raise ConfigError(f"bad CIDR network: {exc}") from exc
 
 
+def _ca_file(value: Any) -> str | None:
+    """A PEM bundle to trust besides the system store; loaded here so a bad one
+    stops the start-up with its name, not every TLS attempt later."""
+    if value is None:
+        return None
+    path = _text(value)
+    import ssl  # only a configured bundle needs it
+
+    try:
+        loaded = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        loaded.load_verify_locations(cafile=path)
+    except ssl.SSLError:  # an OSError too: caught first
+        raise ConfigError(f"{path} holds no PEM certificate") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read CA bundle {path}: {exc.strerror or exc}") from None
+    if not loaded.cert_store_stats()["x509"]:
+        raise ConfigError(f"{path} holds no PEM certificate")
+    return path
+
+
 def _listen(value: Any) -> tuple[str, int]:
     host, sep, port = _text(value).rpartition(":")
     if not sep or not host or not port.isdigit():
@@ -164,6 +184,8 @@ class HttpConfig:
     allow_networks: tuple[Any, ...] = setting((), _networks, "CIDR networks allowed even when private")
     max_response_bytes: int = setting(65536, _positive_int, "response bytes read at most")
     client: str = setting("geventhttpclient", _one_of("urllib3", "geventhttpclient"), "HTTP client library")
+    ca_file: str | None = setting(None, _ca_file, "PEM bundle of CAs trusted in addition to the system store "
+                                  "(private CAs, tests)", shown="null")
 
 
 @dataclass(frozen=True)

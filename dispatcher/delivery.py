@@ -56,7 +56,7 @@ def build_transport(config: Config) -> Transport:
     # by that host's real concurrency, itself at most ``max_in_flight``.
     return make_transport(config.http.client, timeout=config.http.timeout,  # type: ignore[arg-type]
                           max_response_bytes=config.http.max_response_bytes,
-                          policy=OutboundPolicy.from_config(config.http),
+                          policy=OutboundPolicy.from_config(config.http), ca_certs=config.http.ca_file,
                           maxsize=max(config.workers.per_endpoint_concurrency, config.workers.max_in_flight))
 
 

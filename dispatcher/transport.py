@@ -387,7 +387,12 @@ class _BaseTransport:
     def _make_ssl_context(ca_certs: str | None) -> ssl.SSLContext:
         # One context for all pools: loading the CA bundle costs milliseconds.
         # Default verification: CERT_REQUIRED, check_hostname, system CA store.
-        return ssl.create_default_context(cafile=ca_certs)
+        context = ssl.create_default_context()
+        if ca_certs is not None:
+            # In addition to the system store (``http.ca_file``): create_default_context(cafile=...)
+            # would load the bundle *instead* of it, and every public endpoint would then fail.
+            context.load_verify_locations(cafile=ca_certs)
+        return context
 
     def post(self, url: str, headers: dict[str, str], body: bytes) -> TransportResult:
         started = time.monotonic()

@@ -203,3 +203,22 @@ def test_pool_cache_evicts_least_recently_used_and_idle_pools() -> None:
     time.sleep(0.01)  # the clock must move past the zero idle timeout
     idle.get(key("y"), lambda: "pool-y")
     assert closed[-1] == "pool-x" and len(idle) == 1
+
+
+@by_kind
+def test_an_extra_ca_file_is_trusted_in_addition_to_the_system_store(kind: str, tmp_path: Any) -> None:
+    import ssl
+
+    import trustme
+
+    from dispatcher.netguard import OutboundPolicy
+
+    bundle = tmp_path / "ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(bundle))
+    system = ssl.create_default_context().cert_store_stats()["x509_ca"]
+    transport = make_transport(kind, timeout=1.0, policy=OutboundPolicy(True, False), ca_certs=str(bundle))  # type: ignore[arg-type]
+    try:
+        # Every system CA still counts (public endpoints keep working), plus the bundle's one.
+        assert transport._ssl_context.cert_store_stats()["x509_ca"] == system + 1  # type: ignore[attr-defined]
+    finally:
+        transport.close()
