@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import math
 import re
 import secrets
 import sys
@@ -38,6 +39,16 @@ def _event_types(text: str) -> list[str]:
     return types
 
 
+def _per_second(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of requests per second")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description="Queue-backed webhook delivery (RFC-014).")
     parser.add_argument("-c", "--config", default="config/local.yaml", help="YAML config file (default: %(default)s)")
@@ -59,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--workspace", required=True)
     add.add_argument("--url", required=True)
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
+    add.add_argument("--max-per-second", type=_per_second, default=None,
+                     help="requests per second to this endpoint, across the region (default: no limit)")
     token = commands.add_parser("token", help="manage API tokens").add_subparsers(dest="action", required=True)
     tcreate = token.add_parser("create", help="create an API token; prints it once")
     tcreate.add_argument("--workspace", required=True)
@@ -91,7 +104,8 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
         check_registration_url(args.url, OutboundPolicy.from_config(config.http))
     except (InvalidURL, BlockedURL) as exc:
         raise UsageError(f"endpoint URL refused: {exc}") from None
-    endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events)
+    endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events,
+                                     max_per_second=args.max_per_second)
     print(endpoint_id)
     return ExitCode.OK
 
