@@ -70,13 +70,18 @@ WITH RECURSIVE token AS (
     -- our leases are visible to the next holder.  Keys (0x0E14, id mod 2^31 - 1):
     -- two-int advisory locks never meet the leader's one-bigint lock; a rare
     -- collision only makes one claim skip an endpoint.
-    SELECT d.id, e.endpoint_id, ep.max_per_second FROM endpoints e
-      LEFT JOIN LATERAL (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = e.endpoint_id) ep ON true
-     CROSS JOIN LATERAL (SELECT pg_try_advisory_xact_lock(3604, (e.endpoint_id %% 2147483647)::int) AS held
+    -- The endpoint's rate is a scalar subquery, not a join: joined, the planner
+    -- hashed the whole endpoint walk first, visiting every endpoint with
+    -- pending rows instead of stopping once the batch is full.
+    SELECT d.id, e.endpoint_id, lane.max_per_second FROM endpoints e
+     CROSS JOIN LATERAL (SELECT pg_try_advisory_xact_lock(3604, (e.endpoint_id %% 2147483647)::int) AS held,
+                                (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = e.endpoint_id)
+                                    AS max_per_second
                           OFFSET 0) lock
      CROSS JOIN LATERAL (SELECT CASE WHEN lock.held
-                                     THEN dispatcher_lane_room(e.endpoint_id, %(per_endpoint)s, ep.max_per_second)
-                                     ELSE 0 END AS room
+                                     THEN dispatcher_lane_room(e.endpoint_id, %(per_endpoint)s, lock.max_per_second)
+                                     ELSE 0 END AS room,
+                                lock.max_per_second
                           OFFSET 0) lane
      CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
