@@ -130,12 +130,17 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
        (c.ev).type AS event_type, (c.ev).sequence,
        to_char((c.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
-       (c.ev).payload::text AS payload,
+       -- An event fanned out to several endpoints is claimed as several rows:
+       -- its payload is rendered and sent once per claim, on the first of them
+       -- (store/engine.py hands the same string to the others).  event_type
+       -- still tells a missing event (NULL) from a shared payload.
+       CASE WHEN c.nth = 1 THEN (c.ev).payload::text END AS payload,
        (c.ep).url, (c.ep).active, (c.ws).secret,
        CASE WHEN (c.ws).secret_rotated_at > now() - interval '24 hours' THEN (c.ws).previous_secret END
            AS previous_secret,
        (c.ws).id AS workspace_id
   FROM (SELECT claimed.*,
+               row_number() OVER (PARTITION BY claimed.event_id) AS nth,
                (SELECT ev FROM events ev WHERE ev.id = claimed.event_id) AS ev,
                (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
                (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws
