@@ -609,10 +609,6 @@ class _PinnedSocketPool(_GhcConnectionPool):
         self._tls = ssl_context
         self._dial = dial
         self._idle: list[Any] = []
-        # The last TLS session a connection of this pool completed an exchange on:
-        # a new connection offers it, so the peer can resume instead of a full
-        # handshake (keep-alive avoids most handshakes; this makes the rest cheap).
-        self._session: ssl.SSLSession | None = None
 
     def get_socket(self) -> Any:
         while self._idle:
@@ -627,16 +623,12 @@ class _PinnedSocketPool(_GhcConnectionPool):
         if self._tls is None:
             return sock
         try:
-            return self._tls.wrap_socket(sock, server_hostname=self._request_host, session=self._session)
+            return self._tls.wrap_socket(sock, server_hostname=self._request_host)
         except BaseException:
             _close_quietly(sock)
             raise
 
     def return_socket(self, sock: Any) -> None:
-        # Returned clean, after a whole response: by now a TLS 1.3 peer has sent
-        # its session ticket (it comes after the handshake, with the first read).
-        if self._tls is not None:
-            self._session = getattr(sock, "session", None) or self._session
         if self._closed or len(self._idle) >= self.size:
             _close_quietly(sock)
         else:
