@@ -17,7 +17,8 @@ from typing import Any
 
 from benchmarks.harness import load_average, machine
 
-SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog")
+SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
+                               "tls")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -26,15 +27,16 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 
 
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
-                 context: dict[str, Any] | None = None) -> dict[str, Any]:
+                 context: dict[str, Any] | None = None, max_per_second: float | None = None) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
-    if name in ("throughput", "sustained", "isolation", "outage"):
+    if name in ("throughput", "sustained", "isolation", "outage", "tls"):
         kwargs["client"] = client
         kwargs["processes"] = processes
     if name == "throughput":
         kwargs["ceiling"] = context.get("ceiling")
+        kwargs["max_per_second"] = max_per_second
     if name == "isolation":
         kwargs["baseline"] = context.get("sustained_healthy_p99_ms")
         kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
@@ -106,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="http.client for the engine scenarios (default: the config default)")
     parser.add_argument("--processes", type=int, default=2, help="dispatcher worker processes (default: 2)")
     parser.add_argument("--machine", action="store_true", help="also print a JSON object describing the machine")
+    parser.add_argument("--max-per-second", type=float, default=None,
+                        help="throughput: give every endpoint this rate limit (what the limit costs)")
     args = parser.parse_args(argv)
     names = args.scenario or list(SCENARIOS)
     if args.machine:
@@ -113,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     context: dict[str, Any] = {}
     results = []
     for name in names:
-        result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context)
+        result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
+                              max_per_second=args.max_per_second)
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)

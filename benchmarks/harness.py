@@ -494,8 +494,16 @@ class EngineSetup:
     receiver: ReceiverProcess
     pg: PostgresProcesses
 
+    ca_file: Path | None = None  # the CA of a TLS receiver's certificate, when it serves https
+
     def config(self, **sections: dict[str, Any]) -> dict[str, Any]:
-        """The dispatcher's config for this setup (logs in ``tmp``, metrics to the sink)."""
+        """The dispatcher's config for this setup (logs in ``tmp``, metrics to the sink).  Against
+        a TLS receiver it is production's policy: https required, only 127.0.0.0/8 let through,
+        the test CA trusted in addition to the system's."""
+        if self.ca_file is not None:
+            https = {"require_https": True, "allow_private_networks": False, "allow_networks": ["127.0.0.0/8"],
+                     "ca_file": str(self.ca_file)}
+            sections = {**sections, "http": {**https, **sections.get("http", {})}}
         return bench_config(self.db.dsn, self.tmp / "dispatcher.log", self.statsd.port, **sections)
 
     def cpu_meter(self, dispatcher: DispatcherRun,
@@ -507,12 +515,31 @@ class EngineSetup:
 
 
 @contextlib.contextmanager
-def engine_setup(label: str, *, receiver_processes: int = 1,
-                 receiver_seed: int | None = None) -> Iterator[EngineSetup]:
-    with bench_database(label) as db, workdir(label) as tmp, StatsdSink() as statsd, \
-            ReceiverProcess(secrets=[SECRET], processes=receiver_processes, seed=receiver_seed) as receiver:
-        pg = PostgresProcesses(db.name)
-        try:
-            yield EngineSetup(db, tmp, statsd, receiver, pg)
-        finally:
-            pg.close()
+def engine_setup(label: str, *, receiver_processes: int = 1, receiver_seed: int | None = None,
+                 tls: bool = False) -> Iterator[EngineSetup]:
+    """``tls``: the receiver serves https with a certificate from a CA made here (trustme)."""
+    with bench_database(label) as db, workdir(label) as tmp, StatsdSink() as statsd:
+        cert = key = ca_file = None
+        if tls:
+            ca_file, cert, key = _tls_files(tmp)
+        with ReceiverProcess(secrets=[SECRET], processes=receiver_processes, seed=receiver_seed,
+                             tls_cert=cert, tls_key=key) as receiver:
+            pg = PostgresProcesses(db.name)
+            try:
+                yield EngineSetup(db, tmp, statsd, receiver, pg, ca_file)
+            finally:
+                pg.close()
+
+
+def _tls_files(directory: Path) -> tuple[Path, Path, Path]:
+    """(CA bundle, certificate chain, key) of a throw-away CA's certificate for 127.0.0.1."""
+    import trustme
+
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert, key = directory / "ca.pem", directory / "receiver.pem", directory / "receiver.key"
+    ca.cert_pem.write_to_path(str(ca_file))
+    for index, blob in enumerate(issued.cert_chain_pems):
+        blob.write_to_path(str(cert), append=index > 0)
+    issued.private_key_pem.write_to_path(str(key))
+    return ca_file, cert, key

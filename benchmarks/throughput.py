@@ -36,17 +36,23 @@ TARGET_PER_SECOND = 5000.0
 def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 10, payload_bytes: int = 1024,
           client: str | None = None, processes: int = 2, receiver_processes: int = 1, label: str = "throughput",
           timeout: float = 300.0, extra_workers: dict[str, Any] | None = None,
-          keep_db: Any = None) -> dict[str, Any]:
+          keep_db: Any = None, tls: bool = False, max_per_second: float | None = None) -> dict[str, Any]:
     """Seed ``events`` x ``endpoints_per_workspace`` deliveries and let the engine drain them.
 
     ``keep_db``, when given, is called with the database before it is dropped
-    (the backlog scenario reads the outbox's bloat from it).
+    (the backlog scenario reads the outbox's bloat from it).  ``tls``: every
+    endpoint is https on a TLS receiver.  ``max_per_second``: every endpoint
+    gets that rate limit (set high, it measures what the limit costs, not what
+    it holds back).
     """
-    with engine_setup(label, receiver_processes=receiver_processes) as setup:
+    with engine_setup(label, receiver_processes=receiver_processes, tls=tls) as setup:
         db, statsd, receiver = setup.db, setup.statsd, setup.receiver
         urls = [[receiver.url("ok", f"ep{w}-{i}") for i in range(endpoints_per_workspace)]
                 for w in range(workspaces)]
         seed_endpoints(db.connect(), urls)
+        if max_per_second is not None:
+            db.query("UPDATE webhook_endpoints SET max_per_second = %s", (max_per_second,))
+        handshakes_before = receiver.stats(fast=True).get("tls_handshakes", 0)
         http: dict[str, Any] = {"client": client} if client else {}
         workers = {"processes": processes, **(extra_workers or {})}
         config = setup.config(workers=workers, http=http)
@@ -82,6 +88,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             conn.close()
             (last_finished, first_started, delivered, attempts, statuses) = _db_figures(db)
         stats = receiver.stats()
+        # Each control request (/_stats) is a TLS connection of its own, this one too: not the engine's.
+        handshakes = stats.get("tls_handshakes", 0) - handshakes_before - 1
         log_counts = dispatcher.log_counts()  # after the stop: the workers flushed their buffered lines
         after = outbox_stats(db)
         after["pgstattuple"] = bloat(db)
@@ -97,6 +105,10 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             "endpoints": workspaces * endpoints_per_workspace,
             "payload_bytes": payload_bytes,
             "client": client or "default",
+            "tls": tls,
+            "max_per_second": max_per_second,
+            "tls_handshakes": handshakes if tls else None,
+            "tls_resumed": stats.get("tls_resumed") if tls else None,
             "worker_processes": processes,
             "seconds": round(seconds, 3),
             "deliveries_per_s": round(rate, 1) if rate else None,
@@ -150,10 +162,11 @@ def _db_figures(db: Database) -> tuple[float, float, int, int, dict[str, int]]:
 
 
 def run(tiny: bool = False, client: str | None = None, processes: int = 2,
-        ceiling: float | None = None) -> dict[str, Any]:
+        ceiling: float | None = None, max_per_second: float | None = None) -> dict[str, Any]:
     events = 50 if tiny else 20_000
     workspaces = 10 if tiny else 100
-    result = drain(events=events, workspaces=workspaces, client=client, processes=processes)
+    result = drain(events=events, workspaces=workspaces, client=client, processes=processes,
+                   max_per_second=max_per_second)
     rate = result["deliveries_per_s"] or 0.0
     result["target_per_s"] = TARGET_PER_SECOND
     result["ratio_to_ceiling"] = round(rate / ceiling, 3) if ceiling else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import math
 import re
 import secrets
 import sys
@@ -37,6 +38,16 @@ def _event_types(text: str) -> list[str]:
     if not types:
         raise argparse.ArgumentTypeError("--events needs at least one event type")
     return types
+
+
+def _per_second(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of requests per second")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--workspace", required=True)
     add.add_argument("--url", required=True)
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
+    add.add_argument("--max-per-second", type=_per_second, default=None,
+                     help="requests per second to this endpoint, across the region (default: no limit)")
     status = commands.add_parser("status", help="the region at a glance, read from the database")
     status.add_argument("--json", action="store_true", help="a stable JSON document (docs/operations.md)")
     check = commands.add_parser("check", help="monitoring probe: Nagios exit codes 0 OK, 1 WARNING, 2 CRITICAL, "
@@ -131,7 +144,8 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
         # The customer's reason only: a registration error may be shown to them.
         logging.getLogger("dispatcher.cli").debug("endpoint URL refused: %s", exc)
         raise UsageError(f"endpoint URL refused: {exc.public}") from None
-    endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events)
+    endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events,
+                                     max_per_second=args.max_per_second)
     print(endpoint_id)
     return ExitCode.OK
 

@@ -194,7 +194,8 @@ class WorkersConfig:
     processes: int = setting(_processes("auto"), _processes, "worker processes; 'auto' = one per core",
                              shown="auto")
     claim_batch: int = setting(200, _positive_int, "rows claimed per claim transaction at most")
-    per_endpoint_concurrency: int = setting(4, _positive_int, "requests in flight to one endpoint per process")
+    per_endpoint_concurrency: int = setting(4, _positive_int,
+                                            "requests in flight to one endpoint, across every process and host")
     poll_interval: float = setting(0.5, parse_duration, "how often an idle worker looks for due rows")
     lease: float = setting(60.0, parse_duration, "how long a claim is owned before another worker may take it")
     max_in_flight: int = setting(512, _positive_int, "deliveries a process holds (queued + sending) at most")

@@ -643,6 +643,10 @@ def test_endpoint_state_closed_breaker_and_backlog(world, make_client) -> None:
     assert body["pending"]["count"] == 2
     assert 590 <= body["pending"]["oldest_age_seconds"] <= 660
     assert body["last_success_at"] is None and body["last_failure_at"] is None and body["last_error"] is None
+    assert body["max_per_second"] is None  # no rate limit unless one is set
+    world.sql("UPDATE webhook_endpoints SET max_per_second = 2.5 WHERE id = %s", (ep,))
+    assert client.simulate_get(f"/v2/webhooks/endpoints/{ep}", headers=bearer(world.token(ws))).json[
+        "max_per_second"] == 2.5
 
 
 def test_endpoint_state_open_and_half_open_breaker(world, make_client) -> None:

@@ -18,6 +18,8 @@ KEYS = {
     "producer": {"added_p50_ms", "added_p99_ms", "send_call", "baseline_txn"},
     "outage": {"dead_after_s", "recovered_rows", "received_events"},
     "backlog": {"sizes", "claim_cost_ratio_1m_to_10k", "after_drain"},
+    "tls": {"deliveries_per_s", "plain_deliveries_per_s", "ratio_to_plain", "tls_handshakes",
+            "handshakes_per_endpoint", "cpu_ms_per_delivery"},
 }
 
 
@@ -51,6 +53,11 @@ def test_engine_scenarios_used_every_feature(results: dict[str, dict]) -> None:
     assert throughput["statsd"]["lines"] > 0, "metrics reached the UDP sink"
     assert throughput["log"]["attempt_lines"] == throughput["deliveries"], "one INFO line per attempt"
     assert results["outage"]["recovered_rows"] == results["outage"]["events"]
+    tls = results["tls"]["tls_run"]
+    assert tls["tls"] and tls["statuses"] == {"delivered": tls["deliveries"]}
+    assert tls["receiver"]["bad_signatures"] == 0 and tls["receiver"]["ok"] == tls["deliveries"]
+    # Keep-alive holds: the engine's pools handshake once per connection, far fewer than deliveries.
+    assert 1 <= results["tls"]["tls_handshakes"] < tls["deliveries"]
 
 
 def test_the_table_prints(results: dict[str, dict], capsys: pytest.CaptureFixture[str]) -> None:

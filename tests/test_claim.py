@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from dispatcher.store import QUERIES
 from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
 from dispatcher_devtools.kit import query, seed_workspace
 
@@ -115,3 +116,33 @@ def test_claim_uses_the_pending_index(db, pending: int) -> None:
                                                  "WHERE status = 'pending' AND endpoint_id > 0 "
                                                  "ORDER BY endpoint_id LIMIT 1"))
     assert "webhook_deliveries_due" in plan
+
+
+def test_a_fanned_out_event_crosses_the_wire_once_per_claim(db) -> None:
+    endpoints = seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:9/{n}" for n in range(5)])
+    query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) "
+                  "VALUES ('big', 'ws', 't', 1, jsonb_build_object('pad', repeat('x', 1000)))")
+    for endpoint in endpoints:
+        query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                      "VALUES ('ws', %s, 'big', 'h')", (endpoint,))
+    _pending(db, endpoints[0], 1, event_id="gone")
+    query(db.dsn, "DELETE FROM events WHERE id = 'gone'")
+    # On the wire (the claim statement itself, rolled back): the payload text once per event.
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(QUERIES["engine_claim"], {"owner": "w", "limit": 200, "per_endpoint": 4, "busy": [],
+                                                  "after": 0, "lease": 30.0})
+            names = [c.name for c in cur.description]
+            raw = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        conn.rollback()
+    finally:
+        conn.close()
+    assert sum(1 for r in raw if r["event_id"] == "big") == 5
+    assert sum(1 for r in raw if r["event_id"] == "big" and r["payload"] is not None) == 1
+    rows = _store(db).claim("w", 200, 4, [], 0, 30.0)
+    big = [r for r in rows if r.event_id == "big"]
+    assert len(big) == 5 and all(r.payload == big[0].payload and '"pad"' in (r.payload or "") for r in big)
+    assert len({id(r.payload) for r in big}) == 1, "one string shared by every row of the event"
+    (gone,) = [r for r in rows if r.event_id == "gone"]
+    assert gone.payload is None and gone.event_type is None, "a missing event still reads as missing"

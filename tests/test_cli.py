@@ -263,6 +263,19 @@ class TestEndpoint:
         endpoint_id = int(ok(self.add(config)).strip())
         assert db.query("SELECT event_types FROM webhook_endpoints WHERE id = %s", (endpoint_id,)) == [([],)]
 
+    def test_max_per_second_is_stored_and_defaults_to_none(self, db: Database, config: Path,
+                                                           workspace: None) -> None:
+        limited = int(ok(self.add(config, "--max-per-second", "2.5")).strip())
+        free = int(ok(self.add(config, url="http://127.0.0.1:9/y")).strip())
+        assert db.query("SELECT id, max_per_second FROM webhook_endpoints ORDER BY id") == [(limited, 2.5),
+                                                                                          (free, None)]
+
+    @pytest.mark.parametrize("value", ["0", "-1", "fast", "inf", "nan"])
+    def test_bad_max_per_second_is_a_usage_error(self, db: Database, config: Path, workspace: None,
+                                                 value: str) -> None:
+        usage_error(self.add(config, "--max-per-second", value), "--max-per-second")
+        assert db.query("SELECT count(*) FROM webhook_endpoints") == [(0,)]
+
     def test_unknown_workspace(self, db: Database, config: Path) -> None:
         assert_one_line_error(self.add(config, workspace="nope"), ExitCode.FAILURE, "workspace 'nope' does not exist")
         assert db.query("SELECT count(*) FROM webhook_endpoints") == [(0,)]

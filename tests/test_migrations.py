@@ -59,6 +59,8 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "event_types": required("text[]", "'{}'::text[]"),
         "active": required("boolean", "true"),
         "created_at": required(TIMESTAMPTZ, "now()"),
+        # region-wide rate limit (0006); NULL: none
+        "max_per_second": optional("double precision"),
     },
     "events": {
         "id": required("text"),
@@ -151,6 +153,8 @@ INDEXES = {
     ("events", ("workspace_id", "sequence"), None, True),
     # 0007: the region-wide replay budget reads the last hour of the ledger.
     ("api_replay_ledger", ("at",), None, False),
+    # The claim counts an endpoint's leased rows through it (0006, region-wide concurrency).
+    ("webhook_deliveries", ("endpoint_id",), "(claim_token IS NOT NULL)", False),
 }
 
 CHECKED_VALUES = {

@@ -509,3 +509,23 @@ def test_tls_needs_both_the_certificate_and_the_key(tls_files: tuple[trustme.CA,
     _, cert, _ = tls_files
     with pytest.raises(ValueError, match="go together"):
         ReceiverProcess(tls_cert=cert)
+
+
+def test_tls_handshakes_are_counted_once_per_connection(tls_files: tuple[trustme.CA, Path, Path]) -> None:
+    ca, cert, key = tls_files
+    with ReceiverProcess([SECRET], tls_cert=cert, tls_key=key) as receiver:
+        before = receiver.stats()["tls_handshakes"]  # control requests are TLS connections too
+        trusting = ssl.create_default_context()
+        ca.configure_trust(trusting)
+        connection = http.client.HTTPSConnection(receiver.host, receiver.port, timeout=30, context=trusting)
+        try:
+            for n in range(3):  # one keep-alive connection, three requests
+                status, _ = post(receiver.url("ok", "tls"), signed_headers(SECRET, f"evt_{n}", BODY),
+                                 connection=connection)
+                assert status == 200
+        finally:
+            connection.close()
+        stats = receiver.stats()
+    # The delivery connection and this stats request's own connection.
+    assert stats["tls_handshakes"] - before == 2 and stats["tls_resumed"] == 0
+    assert stats["total"] == 3

@@ -134,32 +134,27 @@ def run_cli(config: Path, *args: str, pythonpath: str = str(REPO),
 # --------------------------------------------------------------------------- TERM, INT
 
 
-def test_term_drains_in_flight_sends_hands_back_the_rest_and_exits_0(
+def test_term_drains_in_flight_sends_and_exits_0(
         db, make_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
-    # Staggered latencies (0.8s + log-normal, median 0.6s) make lanes claim rows
-    # ahead of their free senders, so at TERM some claimed rows are not sent yet.
+    # Per-endpoint concurrency is region-wide (docs/claim.md): a claim takes only the
+    # slots no lease holds, so every claimed row has a sender at once and none waits in
+    # a lane queue.  At TERM the rows claimed are the sends in flight; they must finish
+    # within the grace period and be recorded, and nothing may be left leased or deferred.
     keys = ["a", "b", "c"]
     seed_workspace(db.dsn, "ws", [receiver.url("latency", key, ms=800, median_ms=600, sigma=0.5) for key in keys])
     config = make_config(workers={"processes": 2})
     produce(config, db.dsn, "ws", 20)
     rows = 60
 
-    def queued() -> int:  # claimed (leased) rows beyond those the receiver holds in flight
-        in_flight = sum(ep["in_flight"] for ep in receiver.stats(fast=True)["endpoints"].values())
-        return count(db.dsn, LEASED) - in_flight
-
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         workers_up(dispatcher, 2)
         wait_until(lambda: status_counts(db.dsn).get("delivered", 0) >= 3, message="deliveries to flow")
-        # A lane queue lasts until one of its sends ends (~1s): seen three polls in a row, it is real.
-        streak = [0]
-        wait_until(lambda: streak.append(streak[-1] + 1 if queued() >= 3 else 0) or streak[-1] >= 3,
-                   interval=0.02, message="claimed rows queued behind sends in flight")
+        wait_until(lambda: sum(ep["in_flight"] for ep in receiver.stats(fast=True)["endpoints"].values()) >= 3,
+                   interval=0.02, message="sends in flight")
         dispatcher.signal(signal.SIGTERM)
         assert dispatcher.wait(20) == ExitCode.OK
         log = dispatcher.log()
     assert "TERM: graceful shutdown" in log
-    assert sum(int(n) for n in re.findall(r"handed back (\d+) unsent claimed rows", log)) >= 1, log[-3000:]
     assert count(db.dsn, LEASED) == 0, "a leased row outlived the shutdown"
     assert count(db.dsn, DEFERRED) == 0, "unsent rows were left to lapse instead of handed back"
     first_run = status_counts(db.dsn)

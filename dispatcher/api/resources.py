@@ -187,6 +187,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy) -> dict[str, Any]:
     return {
         "id": row["id"], "url": row["url"], "active": row["active"],
         "event_types": list(row["event_types"] or []), "created_at": _ts(row["created_at"]),
+        "max_per_second": row["max_per_second"],
         "breaker": {"state": breaker_state(row, policy), "consecutive_failures": row["consecutive_failures"],
                     "open_until": _ts(row["open_until"]), "opened_at": _ts(row["opened_at"])},
         "pending": {"count": row["pending_count"], "oldest_created_at": _ts(row["oldest_pending_at"]),

@@ -137,7 +137,7 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- No endpoint_state row means the engine never recorded a failure: closed,
 -- zero failures. The pending aggregate walks the endpoint's slice of
 -- webhook_deliveries_due.
-SELECT e.id, e.url, e.active, e.event_types, e.created_at,
+SELECT e.id, e.url, e.active, e.event_types, e.created_at, e.max_per_second,
        coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,
        s.open_until, s.opened_at,
        -- The shown state is the breaker rule's (breaker.BreakerPolicy.shown_state),

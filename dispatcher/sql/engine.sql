@@ -10,8 +10,9 @@
 --     process across the fleet the prober of an endpoint.
 --  2. walk the endpoints that have pending rows (a loose index scan over
 --     webhook_deliveries_due), starting after a rotating cursor and wrapping,
---     and take at most per_endpoint due rows from each: no endpoint can fill
---     a batch, and every endpoint is visited in turn.
+--     and take from each only what keeps its leased rows, across the region,
+--     within per_endpoint (and its rate limit): no endpoint can fill a batch,
+--     and every endpoint is visited in turn.
 --  3. stamp the lease: next_attempt_at moves to the lease end, so a crashed
 --     owner's rows come due again by themselves; claim_token fences results.
 -- It is planned on every execution (store/engine.py: force_custom_plan):
@@ -60,16 +61,51 @@ WITH RECURSIVE token AS (
     UNION ALL
     SELECT endpoint_id FROM before_cursor WHERE endpoint_id IS NOT NULL AND endpoint_id <= %(after)s
 ), candidates AS (
-    SELECT d.id FROM endpoints e CROSS JOIN LATERAL (
+    -- Per endpoint, in this order (each LATERAL uses the one before; OFFSET 0
+    -- keeps them apart): take the endpoint's lane lock for this transaction, or
+    -- skip the endpoint if another claimer holds it; count its room under the
+    -- region-wide limits (dispatcher_lane_room, migration 0006: a fresh snapshot,
+    -- so it sees what the previous holder of the lock committed); take that many
+    -- due rows.  The lock is released when this statement commits, by which time
+    -- our leases are visible to the next holder.  Keys (0x0E14, id mod 2^31 - 1):
+    -- two-int advisory locks never meet the leader's one-bigint lock; a rare
+    -- collision only makes one claim skip an endpoint.
+    -- The endpoint's rate is a scalar subquery, not a join: joined, the planner
+    -- hashed the whole endpoint walk first, visiting every endpoint with
+    -- pending rows instead of stopping once the batch is full.
+    SELECT d.id, e.endpoint_id, lane.max_per_second FROM endpoints e
+     CROSS JOIN LATERAL (SELECT pg_try_advisory_xact_lock(3604, (e.endpoint_id %% 2147483647)::int) AS held,
+                                (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = e.endpoint_id)
+                                    AS max_per_second
+                          OFFSET 0) lock
+     CROSS JOIN LATERAL (SELECT CASE WHEN lock.held
+                                     THEN dispatcher_lane_room(e.endpoint_id, %(per_endpoint)s, lock.max_per_second)
+                                     ELSE 0 END AS room,
+                                lock.max_per_second
+                          OFFSET 0) lane
+     CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = e.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
          ORDER BY d.next_attempt_at
-         LIMIT %(per_endpoint)s
+         LIMIT lane.room
            FOR UPDATE SKIP LOCKED) d
      WHERE e.endpoint_id <> ALL (%(busy)s::bigint[])
        AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                         WHERE s.endpoint_id = e.endpoint_id AND s.state <> 'closed')
      LIMIT %(limit)s
+), rated AS (
+    -- Rate-limited endpoints pay one token per row taken; under the lane lock,
+    -- and ON CONFLICT reads the bucket's latest version, not our snapshot's.
+    INSERT INTO endpoint_rate AS r (endpoint_id, tokens, refilled_at, last_taken)
+    SELECT c.endpoint_id, dispatcher_bucket_after(c.max_per_second, NULL, 0, count(*)), now(), count(*)
+      FROM candidates c
+     WHERE c.max_per_second IS NOT NULL
+     GROUP BY c.endpoint_id, c.max_per_second
+    ON CONFLICT (endpoint_id) DO UPDATE
+       SET tokens = dispatcher_bucket_after(
+               (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = r.endpoint_id),
+               r.tokens, extract(epoch FROM now() - r.refilled_at)::float8, excluded.last_taken),
+           refilled_at = now(), last_taken = excluded.last_taken
 ), claimed AS (
     UPDATE webhook_deliveries w
        SET next_attempt_at = now() + make_interval(secs => %(lease)s),
@@ -94,12 +130,17 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
        (c.ev).type AS event_type, (c.ev).sequence,
        to_char((c.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
-       (c.ev).payload::text AS payload,
+       -- An event fanned out to several endpoints is claimed as several rows:
+       -- its payload is rendered and sent once per claim, on the first of them
+       -- (store/engine.py hands the same string to the others).  event_type
+       -- still tells a missing event (NULL) from a shared payload.
+       CASE WHEN c.nth = 1 THEN (c.ev).payload::text END AS payload,
        (c.ep).url, (c.ep).active, (c.ws).secret,
        CASE WHEN (c.ws).secret_rotated_at > now() - interval '24 hours' THEN (c.ws).previous_secret END
            AS previous_secret,
        (c.ws).id AS workspace_id
   FROM (SELECT claimed.*,
+               row_number() OVER (PARTITION BY claimed.event_id) AS nth,
                (SELECT ev FROM events ev WHERE ev.id = claimed.event_id) AS ev,
                (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
                (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws

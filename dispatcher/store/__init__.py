@@ -162,14 +162,17 @@ def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) ->
             raise NotFound(f"workspace {workspace_id!r} does not exist")
 
 
-def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str]) -> int:
-    """Register an endpoint; the database enforces 10 active per workspace."""
+def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str],
+                 max_per_second: float | None = None) -> int:
+    """Register an endpoint; the database enforces 10 active per workspace.
+    ``max_per_second`` is its region-wide rate limit (None: none)."""
     try:
         with transaction(conn):
             if not run_query(conn, "workspace_exists", {"id": workspace_id}):
                 raise NotFound(f"workspace {workspace_id!r} does not exist")
             rows = run_query(conn, "add_endpoint", {"workspace_id": workspace_id, "url": url,
-                                               "event_types": list(event_types)})
+                                               "event_types": list(event_types),
+                                                    "max_per_second": max_per_second})
     except QueryRejected as exc:
         raise _limit_or(exc) from None
     return int(rows[0][0])

@@ -275,7 +275,14 @@ class EngineStore:
                   "after": after, "lease": lease}
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
-            return [ClaimedRow(**row) for row in _named(cur)]
+            rows = _named(cur)
+        # The claim sends each event's payload once (on one of its rows): every
+        # row of that event shares the one string, in memory as on the wire.
+        payloads = {row["event_id"]: row["payload"] for row in rows if row["payload"] is not None}
+        for row in rows:
+            if row["payload"] is None and row["event_type"] is not None:
+                row["payload"] = payloads.get(row["event_id"])
+        return [ClaimedRow(**row) for row in rows]
 
     def record(self, records: Sequence[AttemptRecord]) -> set[int]:
         """Write a batch of results; returns the ids the fence let through."""

@@ -128,6 +128,10 @@ class State:
         # Slots outlive /_reset: requests in flight across a reset still leave their slot.
         self.slots: dict[str, int] = {}
         self.allocate: Callable[[str], int] = self._allocate_locally
+        # TLS handshakes completed, and how many of them resumed a session: how
+        # well a client's keep-alive and session reuse hold (the tls benchmark).
+        self.tls_handshakes = 0
+        self.tls_resumed = 0
 
     def _allocate_locally(self, key: str) -> int:
         return len(self.slots) if len(self.slots) < self.gauge.slots else -1
@@ -190,6 +194,7 @@ class State:
             return self.ids_blob()
         if op == "reset":
             self.endpoints = {}
+            self.tls_handshakes = self.tls_resumed = 0
             if arg:
                 self.runtime.clear()
             return None
@@ -207,6 +212,7 @@ class State:
         return {
             "pid": os.getpid(),
             "cpu": (usage.ru_utime, usage.ru_stime),
+            "tls": (self.tls_handshakes, self.tls_resumed),
             "endpoints": {
                 key: self._endpoint_snapshot(ep, with_ids) for key, ep in self.endpoints.items()
             },
@@ -308,9 +314,12 @@ def merge_stats(
     """
     folded: dict[str, dict[str, Any]] = {}
     user, system = extra_cpu
+    handshakes = resumed = 0
     for snap in snapshots:
         user += snap["cpu"][0]
         system += snap["cpu"][1]
+        handshakes += snap.get("tls", (0, 0))[0]
+        resumed += snap.get("tls", (0, 0))[1]
         for key, ep in snap["endpoints"].items():
             _fold_endpoint(folded.setdefault(key, {}), ep)
     if in_flight is not None:
@@ -330,6 +339,7 @@ def merge_stats(
         "cpu_s": round(user + system, 3), "cpu_user_s": round(user, 3),
         "cpu_system_s": round(system, 3), "processes": len(snapshots),
         "pids": [snap["pid"] for snap in snapshots], "endpoints": endpoints,
+        "tls_handshakes": handshakes, "tls_resumed": resumed,
     }
 
 

@@ -94,6 +94,8 @@ class Server:
                 # The handshake runs here, in the connection's own greenlet: a client
                 # that stalls or refuses our certificate holds up nobody else.
                 sock = self._tls.wrap_socket(sock, server_side=True)
+                self._state.tls_handshakes += 1
+                self._state.tls_resumed += bool(sock.session_reused)
             while self._serve_one(sock, buf):
                 pass
         except OSError:

@@ -71,10 +71,15 @@ def test_a_worker_stopped_past_its_lease_has_its_late_results_rejected_by_the_fe
         (other,) = set(owners) - {frozen}
 
         try:
-            # Its lease lapses; the other worker claims the rows and is sending them (700 ms)...
+            # Its lease lapses; the other worker claims every one of the rows (sending or
+            # already done: their token is no longer the frozen one's)...  Per-endpoint
+            # concurrency is region-wide, so it takes them over a few at a time: waking the
+            # frozen worker after the first would let it record results for the rest.
             taken = settle(dispatcher, db.dsn, lambda: query(
-                db.dsn, "SELECT count(*) FROM webhook_deliveries WHERE id = ANY(%s) AND locked_by = %s",
-                (list(stale), other))[0][0], "the other worker to take the frozen rows over")
+                db.dsn, "SELECT count(*) = %s FROM webhook_deliveries d JOIN unnest(%s::bigint[], %s::bigint[]) "
+                        "AS s(id, token) ON s.id = d.id WHERE d.claim_token IS DISTINCT FROM s.token",
+                (len(stale), list(stale), list(stale.values())))[0][0],
+                "the other worker to take every frozen row over")
         finally:
             # ...when the frozen one wakes up and writes what it had in flight or queued.
             psutil.Process(owners[frozen]).send_signal(signal.SIGCONT)

@@ -1,0 +1,60 @@
+"""The per-endpoint limits, held region-wide (decisions.md: "the RFC's 4 is what
+the customer's endpoint sees in total, across every process and host").
+
+Two limits decide how many rows of one endpoint a claim may take:
+
+* **concurrency**: at most ``concurrency`` rows leased and unfinished at once
+  (status pending, a claim token, lease not lapsed), whoever holds them;
+* **rate** (optional, ``webhook_endpoints.max_per_second``): a token bucket of
+  ``max(1, rate)`` tokens refilled at ``rate`` per second; every row claimed
+  takes one.  A missing bucket is full.
+
+The claim applies this rule in SQL (``dispatcher_lane_room`` and
+``dispatcher_bucket_after``, migration 0006) under a per-endpoint transaction
+lock, so concurrent claimers never both see the same free slots.  The functions
+here are the rule itself, pure, with the elapsed time as an argument;
+``tests/test_limits_rule.py`` checks the SQL against them on one table of cases.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLimits:
+    concurrency: int
+    max_per_second: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.max_per_second is not None and not (0 < self.max_per_second < math.inf):
+            raise ValueError("max_per_second must be a positive number")
+
+    @property
+    def burst(self) -> float | None:
+        """Tokens a full bucket holds: one second's worth, and at least one row."""
+        return None if self.max_per_second is None else max(1.0, self.max_per_second)
+
+    def tokens(self, stored: float | None, elapsed: float) -> float | None:
+        """The bucket's level ``elapsed`` seconds after it held ``stored`` (None: no bucket yet)."""
+        if self.max_per_second is None or self.burst is None:
+            return None
+        if stored is None:
+            return self.burst
+        return min(self.burst, stored + self.max_per_second * max(elapsed, 0.0))
+
+    def room(self, in_flight: int, stored: float | None, elapsed: float) -> int:
+        """How many rows a claim may take now."""
+        free = max(0, self.concurrency - in_flight)
+        level = self.tokens(stored, elapsed)
+        if level is None:
+            return free
+        return max(0, min(free, math.floor(level)))
+
+    def after(self, stored: float | None, elapsed: float, taken: int) -> float | None:
+        """The bucket's level once a claim took ``taken`` rows (never below zero)."""
+        level = self.tokens(stored, elapsed)
+        return None if level is None else max(0.0, level - taken)

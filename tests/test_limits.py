@@ -1,0 +1,62 @@
+"""Per-endpoint limits held region-wide (issue 14 item 2; decisions.md: "the RFC's 4 is
+what the customer's endpoint sees in total, across every process and host").
+
+Two supervisors on one database stand in for two hosts."""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+import pytest
+
+from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
+from dispatcher_devtools.receiver import ReceiverProcess
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_concurrency_is_held_across_two_hosts(db, write_config, tmp_path: Path) -> None:
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        (slow,) = seed_workspace(db.dsn, "ws", [receiver.url("latency", "slow", ms=200)])
+        seed_workspace(db.dsn, "other", [receiver.url("ok", f"ok{i}") for i in range(3)])
+        config = write_config(db, workers={"processes": 2, "per_endpoint_concurrency": 4, "poll_interval": "50ms",
+                                           "lease": "10s", "heartbeat_interval": "200ms"})
+        produce(config, db.dsn, "ws", 400)
+        produce(config, db.dsn, "other", 50)
+        with Dispatcher(config, tmp_path / "a.log"), Dispatcher(config, tmp_path / "b.log"):
+            wait_until(lambda: status_counts(db.dsn).get("delivered") == 550, timeout=150,
+                       message="550 deliveries")
+        seen = receiver.endpoint("slow")
+        assert seen["max_concurrency"] <= 4, seen
+        assert seen["unique"] == 400 and seen["duplicates"] <= 4, seen
+        for key in ("ok0", "ok1", "ok2"):
+            assert receiver.endpoint(key)["unique"] == 50
+    # Rows that waited behind the full lane were never attempted while waiting.
+    (attempts, most), = query(db.dsn, "SELECT count(*), max(attempt) FROM webhook_delivery_attempts "
+                                      "WHERE endpoint_id = %s", (slow,))
+    assert most == 1 and attempts <= 404
+
+
+def test_rate_limit_is_held_across_two_hosts(db, write_config, tmp_path: Path) -> None:
+    rate, count = 20.0, 100
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        (limited,) = seed_workspace(db.dsn, "ws", [receiver.url("ok", "limited")])
+        query(db.dsn, "UPDATE webhook_endpoints SET max_per_second = %s WHERE id = %s", (rate, limited))
+        seed_workspace(db.dsn, "other", [receiver.url("ok", "free")])
+        config = write_config(db, workers={"processes": 2, "poll_interval": "50ms"})
+        produce(config, db.dsn, "ws", count)
+        produce(config, db.dsn, "other", count)
+        with Dispatcher(config, tmp_path / "a.log"), Dispatcher(config, tmp_path / "b.log"):
+            wait_until(lambda: status_counts(db.dsn).get("delivered") == 2 * count, timeout=60,
+                       message=f"{2 * count} deliveries")
+        stamps = sorted(d.first_2xx_ts for d in receiver.deliveries() if d.endpoint == "limited")
+        assert receiver.endpoint("free")["unique"] == count
+    assert len(stamps) == count and None not in stamps
+    # The limiter's contract, read at the receiver: no one-second window holds more than a
+    # full bucket (rate) plus what refills in that second (rate).  Unlimited, all 100 land
+    # within one window; slowness can only spread them out, never crowd them.
+    busiest = max(bisect.bisect_right(stamps, first + 1.0) - n for n, first in enumerate(stamps))
+    assert busiest <= 2 * rate, f"{busiest} deliveries within one second"
+    # Nothing was attempted early and refused: rows waiting for tokens consume no attempts.
+    assert query(db.dsn, "SELECT max(attempt) FROM webhook_deliveries WHERE endpoint_id = %s", (limited,)) == [(1,)]

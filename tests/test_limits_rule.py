@@ -1,0 +1,103 @@
+"""The per-endpoint limits have one home (``dispatcher.limits.EndpointLimits``);
+everything that must agree with it is tested here against the same table of cases:
+
+* the pure rule: ``room`` and ``after``;
+* the SQL twins in migration 0006 (``dispatcher_room``, ``dispatcher_bucket_after``);
+* the claim itself (``engine_claim``): with that many leased rows and that
+  bucket, it takes exactly ``room`` due rows and leaves the bucket at ``after``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from dispatcher.limits import EndpointLimits
+from dispatcher.store.engine import EngineStore, ManagedConnection
+from dispatcher_devtools.kit import query, seed_workspace
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    concurrency: int
+    rate: float | None
+    in_flight: int
+    stored: float | None   # the bucket's tokens; None: no bucket yet
+    elapsed: float         # seconds since the bucket was written
+    room: int
+    after: float | None    # the bucket once ``room`` rows were taken
+
+
+CASES = [
+    Case("idle, no rate", 4, None, 0, None, 0.0, 4, None),
+    Case("two in flight", 4, None, 2, None, 0.0, 2, None),
+    Case("lane full", 4, None, 4, None, 0.0, 0, None),
+    Case("over the limit (config lowered)", 4, None, 6, None, 0.0, 0, None),
+    Case("new bucket is full", 4, 2.0, 0, None, 0.0, 2, 0.0),
+    Case("fast endpoint, concurrency binds", 4, 100.0, 1, None, 0.0, 3, 97.0),
+    Case("empty bucket, refilled 1.5 tokens", 4, 1.0, 0, 0.0, 1.5, 1, 0.0),
+    Case("refill stops at the burst", 4, 2.0, 0, 0.0, 60.0, 2, 0.0),
+    Case("slow rate still sends one", 4, 0.5, 0, None, 0.0, 1, 0.0),
+    Case("half a token is not a row", 4, 0.5, 0, 0.0, 1.0, 0, 0.5),
+    Case("lane full keeps the tokens", 4, 10.0, 4, 3.0, 0.1, 0, 4.0),
+]
+IDS = [case.name for case in CASES]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_rule(case: Case) -> None:
+    limits = EndpointLimits(case.concurrency, case.rate)
+    assert limits.room(case.in_flight, case.stored, case.elapsed) == case.room
+    after = limits.after(case.stored, case.elapsed, case.room)
+    assert after == pytest.approx(case.after) if case.after is not None else after is None
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_sql_functions_agree(db, case: Case) -> None:
+    (room, after), = query(db.dsn, "SELECT dispatcher_room(%s, %s, %s, %s, %s), "
+                                   "dispatcher_bucket_after(%s, %s, %s, %s)",
+                           (case.concurrency, case.in_flight, case.rate, case.stored, case.elapsed,
+                            case.rate, case.stored, case.elapsed, case.room))
+    assert room == case.room
+    assert after == pytest.approx(case.after) if case.after is not None else after is None
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_claim_agrees(db, case: Case) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    query(db.dsn, "UPDATE webhook_endpoints SET max_per_second = %s WHERE id = %s", (case.rate, endpoint))
+    query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
+    # Leased rows held by another process (not due: their lease ends in 30 s), then due rows.
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
+                  "next_attempt_at, locked_until, locked_by, claim_token) "
+                  "SELECT 'ws', %s, 'ev', 'h', now() + interval '30 s', now() + interval '30 s', 'other', 1 "
+                  "FROM generate_series(1, %s)", (endpoint, case.in_flight))
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                  "SELECT 'ws', %s, 'ev', 'h' FROM generate_series(1, 10)", (endpoint,))
+    if case.stored is not None:
+        query(db.dsn, "INSERT INTO endpoint_rate (endpoint_id, tokens, refilled_at) "
+                      "VALUES (%s, %s, now() - make_interval(secs => %s))", (endpoint, case.stored, case.elapsed))
+    rows = EngineStore(ManagedConnection(db.dsn, "test")).claim("w", 200, case.concurrency, [], 0, 30.0)
+    assert len(rows) == case.room
+    bucket = query(db.dsn, "SELECT tokens FROM endpoint_rate WHERE endpoint_id = %s", (endpoint,))
+    if case.rate is None:
+        assert bucket == []
+    elif case.room:
+        # The claim's own clock is a few ms past the case's elapsed: refill is at most that much more.
+        assert bucket[0][0] == pytest.approx(case.after, abs=0.05 * case.rate + 1e-9)
+    else:  # nothing taken, nothing written: the level is computed from refilled_at when needed
+        assert bucket == ([] if case.stored is None else [(case.stored,)])
+
+
+def test_a_lapsed_lease_does_not_hold_a_slot(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
+    # A crashed owner's rows: token still set, lease over, due again.
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
+                  "next_attempt_at, locked_until, locked_by, claim_token) "
+                  "SELECT 'ws', %s, 'ev', 'h', now() - interval '1 s', now() - interval '1 s', 'dead', 1 "
+                  "FROM generate_series(1, 4)", (endpoint,))
+    rows = EngineStore(ManagedConnection(db.dsn, "test")).claim("w", 200, 4, [], 0, 30.0)
+    assert len(rows) == 4
