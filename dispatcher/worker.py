@@ -8,7 +8,7 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
 * one lane per endpoint runs at most ``per_endpoint_concurrency`` senders;
 * the flusher writes finished attempts in batches (one statement per flush)
   and updates the breakers;
-* upkeep (one process per region, by advisory lock) evaluates backlog alerts,
+* upkeep (one process per region, by a lease row: ``dispatcher.upkeep``) evaluates backlog alerts,
   publishes the breaker gauges, sweeps rows that expire while a breaker is
   open, and prunes finished rows and attempt history past their retention
   (decisions Q2; ``dispatcher.upkeep``);

@@ -68,7 +68,7 @@ WITH RECURSIVE token AS (
     -- so it sees what the previous holder of the lock committed); take that many
     -- due rows.  The lock is released when this statement commits, by which time
     -- our leases are visible to the next holder.  Keys (0x0E14, id mod 2^31 - 1):
-    -- two-int advisory locks never meet the leader's one-bigint lock; a rare
+    -- two-int advisory locks never meet one-bigint locks (the API's); a rare
     -- collision only makes one claim skip an endpoint.
     -- The endpoint's rate is a scalar subquery, not a join: joined, the planner
     -- hashed the whole endpoint walk first, visiting every endpoint with

@@ -14,8 +14,8 @@ ON CONFLICT (owner) DO UPDATE
 DELETE FROM dispatcher_processes WHERE owner = %(owner)s;
 
 -- name: operations_mark_leader
--- The upkeep leader, at the start of each round, on the connection holding
--- the region's advisory lock; returns the live workers for the gauge.
+-- The upkeep leader, at the start of each round it holds the region's lease
+-- (engine_hold_leadership); returns the live workers for the gauge.
 WITH marked AS (
     UPDATE dispatcher_processes SET leader_at = now() WHERE owner = %(owner)s
 )
