@@ -66,16 +66,15 @@ def build_transport(config: Config) -> Transport:
 
 
 class DeliveryMaker:
-    def __init__(self, transport: Transport, policies: RetryPolicies, dry_run: bool) -> None:
+    def __init__(self, transport: Transport, policies: RetryPolicies) -> None:
         self._transport = transport
         self._policies = policies
-        self._dry_run = dry_run
         self._rng = random.Random()
         self._in_flight: dict[int, ClaimedRow] = {}
 
     @classmethod
     def from_config(cls, config: Config) -> DeliveryMaker:
-        return cls(build_transport(config), config.retry.retry_policies(), config.dry_run)
+        return cls(build_transport(config), config.retry.retry_policies())
 
     def close(self) -> None:
         self._transport.close()

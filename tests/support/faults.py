@@ -221,7 +221,7 @@ def run_poison_worker(config: str, dsn: str, poison_event_id: str, secret: str, 
         def close(self) -> None:
             inner.close()
 
-    maker = DeliveryMaker(PoisonTransport(), cfg.retry.retry_policies(), cfg.dry_run)  # type: ignore[arg-type]
+    maker = DeliveryMaker(PoisonTransport(), cfg.retry.retry_policies())  # type: ignore[arg-type]
     worker = Worker(cfg, dsn, "green:poison", maker=maker)
     runner = gevent.spawn(worker.run)
 
