@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
+from typing import overload
 
 from dispatcher.signing import SECRET_PREFIX, as_standard_secret
 
@@ -123,8 +124,16 @@ def _wrapped_form(form: str) -> re.Pattern[str]:
     return re.compile((_BREAK + "?").join(re.escape(char) for char in form))
 
 
-def _storable(text: str) -> str:
-    """Text Postgres can store: no NUL character, no lone surrogate."""
+@overload
+def storable(text: str) -> str: ...
+@overload
+def storable(text: None) -> None: ...
+def storable(text: str | None) -> str | None:
+    """Text Postgres can store: no NUL character, no lone surrogate.  Used on
+    everything of a receiver's that is stored (errors, excerpts), here and by
+    the engine's result write, where one bad string would fail the whole batch."""
+    if text is None:
+        return None
     if "\x00" in text:
         text = text.replace("\x00", "\ufffd")
     if not text.isascii():
@@ -138,7 +147,7 @@ def _storable(text: str) -> str:
 def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
     """Mask credentials in ``text`` (and the given workspace secrets); what remains
     is safe to store and log."""
-    text = normalise(_storable(text))
+    text = normalise(storable(text))
     for form in secret_forms(secrets):
         text = _wrapped_form(form).sub(MASK, text.replace(form, MASK))
     text = _PAIR.sub(_mask_pair, text)

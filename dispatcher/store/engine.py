@@ -23,18 +23,9 @@ import psycopg2.extensions
 
 from dispatcher.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.health import BacklogFigures, BacklogRule
+from dispatcher.redact import storable
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
 from dispatcher.store.errors import translate
-
-
-def _storable(text: str | None) -> str | None:
-    """Text Postgres can store: a receiver's body may hold NUL bytes or, once
-    decoded, characters a text column refuses; either would fail the whole
-    batch write (and, before this, stop the flusher)."""
-    if text is None or (text.isascii() and "\x00" not in text):
-        return text
-    return text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
-
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
 
@@ -288,9 +279,9 @@ class EngineStore:
         """Write a batch of results; returns the ids the fence let through."""
         now = time.monotonic()
         rows = [{"id": r.id, "token": r.claim_token, "status": r.status, "attempt": r.attempt, "delay": r.delay,
-                 "error": _storable(r.error), "status_code": r.status_code, "result": r.result,
+                 "error": storable(r.error), "status_code": r.status_code, "result": r.result,
                  "started_ago": now - r.started_mono, "duration_ms": r.duration_ms,
-                 "excerpt": _storable(r.excerpt), "endpoint_id": r.endpoint_id} for r in records]
+                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id} for r in records]
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_record"), {"results": json.dumps(rows, separators=(",", ":"))})
             return {row[0] for row in cur.fetchall()}
@@ -315,7 +306,7 @@ class EngineStore:
                     "failures": [w.breaker.consecutive_failures for w in writes],
                     "open_until": [w.breaker.open_until for w in writes],
                     "succeeded": [w.succeeded for w in writes], "failed": [w.failed for w in writes],
-                    "errors": [_storable(w.error) for w in writes],
+                    "errors": [storable(w.error) for w in writes],
                 }, commit=True)
         return writes
 
@@ -331,7 +322,7 @@ class EngineStore:
                 cur.execute(self._conn.prepared(cur, "engine_breaker_touch"), {
                     "endpoint_ids": [w.endpoint_id for w in writes],
                     "failures": [w.breaker.consecutive_failures for w in writes],
-                    "failed": [w.failed for w in writes], "errors": [_storable(w.error) for w in writes],
+                    "failed": [w.failed for w in writes], "errors": [storable(w.error) for w in writes],
                 })
             except psycopg2.errors.DeadlockDetected:
                 # Two flushes touching the same endpoints in different orders
