@@ -58,51 +58,14 @@ SELECT status, count(*) FROM webhook_deliveries
  GROUP BY status;
 
 -- name: send_event
--- The producer's single round trip (2 ms p99 budget): decide the mode from
--- the rollout rule (webhook_outbox_on: explicit flag, then the lists, then the
--- percentage), take a sequence number from a SEQUENCE (no row lock: producers
--- of one workspace never wait for each other), insert the event and fan out
--- one delivery per active subscribed endpoint, and return what the legacy
--- synchronous path needs when the outbox is off.
-WITH ws AS (
-    SELECT w.id, w.secret, w.previous_secret, w.secret_rotated_at,
-           CASE WHEN webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
-                                       (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
-                THEN 'live'
-                WHEN %(shadow_writes)s THEN 'shadow' END AS mode
-      -- A scalar subquery for the one-row settings table: joined, its
-      -- unanalysed row estimate (~2000) inflated the plan's cost past JIT's
-      -- threshold and each send paid ~1 s of compilation.
-      FROM workspaces w
-      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
-     WHERE w.id = %(workspace_id)s
-), targets AS (
-    SELECT e.id, e.url FROM webhook_endpoints e JOIN ws ON e.workspace_id = ws.id
-     WHERE e.active AND (e.event_types = '{}' OR %(type)s = ANY (e.event_types))
-), event AS (
-    INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
-    SELECT %(event_id)s, %(workspace_id)s, %(type)s, nextval('event_sequence'),
-           coalesce(%(occurred_at)s::timestamptz, now()), %(payload)s::jsonb
-      FROM ws WHERE mode IS NOT NULL
-    RETURNING sequence
-), deliveries AS (
-    INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
-    SELECT %(workspace_id)s, t.id, %(event_id)s, %(payload_hash)s, ws.mode
-      FROM targets t, ws, event
-    RETURNING id
-)
-SELECT ws.mode,
-       (SELECT sequence FROM event) AS sequence,
-       (SELECT count(*) FROM deliveries) AS deliveries,
-       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.secret END AS secret,
-       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.previous_secret END AS previous_secret,
-       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.secret_rotated_at > now() - interval '24 hours' END
-           AS in_grace,
-       CASE WHEN ws.mode IS DISTINCT FROM 'live'
-            THEN ARRAY(SELECT url FROM targets ORDER BY id) END AS legacy_urls,
-       -- jsonb's own text form, so the synchronous body is byte-identical to
-       -- what the dispatcher sends for the same event (it reads payload::text).
-       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN %(payload)s::jsonb::text END AS legacy_payload,
-       CASE WHEN ws.mode IS DISTINCT FROM 'live'
-            THEN ARRAY(SELECT id FROM targets ORDER BY id) END AS legacy_endpoint_ids
-  FROM ws;
+-- The producer's single round trip (2 ms p99 budget), inside the caller's
+-- transaction: dispatcher_send_event (migration 0008) decides the mode from
+-- the rollout rule, numbers the event from a SEQUENCE (no row lock),
+-- inserts the event and one delivery per active subscribed endpoint, and
+-- returns what the legacy synchronous path needs when the outbox is off. A
+-- function so that its plans are cached per session: this statement is all
+-- Postgres plans per call.
+SELECT mode, sequence, deliveries, secret, previous_secret, in_grace,
+       legacy_urls, legacy_payload, legacy_endpoint_ids
+  FROM dispatcher_send_event(%(workspace_id)s, %(event_id)s, %(type)s, %(occurred_at)s::timestamptz,
+                             %(payload)s::jsonb, %(payload_hash)s, %(shadow_writes)s);
