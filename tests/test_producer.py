@@ -217,8 +217,8 @@ def count(db: Database, table: str, where: str = "true", params: Any = None) -> 
 
 
 def nothing_written(db: Database) -> bool:
-    """No event, no delivery, and no sequence number taken."""
-    return all(count(db, table) == 0 for table in ("events", "webhook_deliveries", "event_sequences"))
+    """No event and no delivery."""
+    return all(count(db, table) == 0 for table in ("events", "webhook_deliveries"))
 
 
 def open_transaction(conn: psycopg2.extensions.connection) -> None:
