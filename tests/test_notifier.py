@@ -18,6 +18,7 @@ from dispatcher.notifier import MailRetry, OwnerNotices, recipient, same_target
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.store.notices import NoticeStore
 from dispatcher_devtools.kit import config_for_test, produce, seed_workspace, write_config
+from tests.support import TestCA, self_signed, server_tls
 from tests.support.smtp import free_port, smtp_server
 
 POLICY = BreakerPolicy(failure_threshold=3, open_for=60.0)
@@ -214,6 +215,29 @@ def test_a_mail_is_dropped_after_its_last_attempt(db, caplog: pytest.LogCaptureF
         notices.run_once()
     assert "dropped after 1 attempts" in caplog.text
     assert db.query("SELECT attempts, sent_at, next_attempt_at FROM breaker_notices") == [(1, None, None)]
+
+
+def test_starttls_and_auth_against_a_relay_we_trust_and_none_we_do_not(db, tmp_path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["https://hooks.example.com/a"])
+    ca = TestCA(tmp_path)
+    login = ("mailer", "relay-password-1")
+    settings = {"smtp_host": "localhost", "smtp_security": "starttls", "smtp_username": login[0],
+                "smtp_password": login[1]}
+    _open(db.dsn, endpoint)
+    with smtp_server(tls=server_tls(self_signed(tmp_path, ["localhost"])), login=login) as untrusted, \
+            caplog.at_level(logging.WARNING, logger="dispatcher.notifier"):
+        config = config_from_mapping({**config_for_test(db.dsn, http={"ca_file": str(ca.cert_path)}),
+                                      "notifier": {"kind": "smtp", "smtp_port": untrusted.port, **settings}}, env={})
+        _notices(config, db.dsn).run_once()
+        assert untrusted.received() == []
+    assert "CERTIFICATE_VERIFY_FAILED" in caplog.text and login[1] not in caplog.text
+    db.query("UPDATE breaker_notices SET next_attempt_at = now()")
+    with smtp_server(tls=server_tls(ca.issue(["localhost"])), login=login) as trusted:
+        config = config_from_mapping({**config_for_test(db.dsn, http={"ca_file": str(ca.cert_path)}),
+                                      "notifier": {"kind": "smtp", "smtp_port": trusted.port, **settings}}, env={})
+        _notices(config, db.dsn).run_once()
+        assert len(trusted.received("paused")) == 1
 
 
 # ---------------------------------------------------------------- the operational webhook
