@@ -38,6 +38,7 @@ from typing import Protocol
 import gevent
 
 from dispatcher.config import Config, NotifierConfig
+from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.netguard import OutboundError, OutboundPolicy, parse_target
 from dispatcher.redact import scrub
 from dispatcher.store.notices import ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
@@ -57,11 +58,17 @@ class NoticeNotSent(Exception):
 
 
 def recipient(endpoint_owner: str | None, workspace_owner: str | None, operator: str) -> tuple[str, str]:
-    """(address, whose): the endpoint's owner, else the workspace's, else the operator."""
-    if endpoint_owner:
-        return endpoint_owner, "endpoint"
-    if workspace_owner:
-        return workspace_owner, "workspace"
+    """(address, whose): the endpoint's owner, else the workspace's, else the operator.
+
+    A contact that is not a plain address (written around the CLI's check, by
+    raw SQL) is passed over like a missing one: it could not be mailed, and
+    must never reach a mail header."""
+    for contact, whose in ((endpoint_owner, "endpoint"), (workspace_owner, "workspace")):
+        if contact:
+            try:
+                return check_email(contact), whose
+            except InvalidContact:
+                log.warning("the %s owner contact %r is not an email address; passed over", whose, contact)
     return operator, "operator"
 
 

@@ -61,6 +61,9 @@ def _close(dsn: str, endpoint_id: int) -> None:
     (None, "w@example.com", ("w@example.com", "workspace")),
     (None, None, (OPERATOR, "operator")),
     ("", "", (OPERATOR, "operator")),
+    # Written around the CLI (raw SQL): passed over, never put in a header.
+    ("e@example.com\r\nBcc: x@evil.example", "w@example.com", ("w@example.com", "workspace")),
+    ("nobody", "localhost", (OPERATOR, "operator")),
 ])
 def test_recipient_falls_back_from_endpoint_to_workspace_to_operator(endpoint: str | None, workspace: str | None,
                                                                      expected: tuple[str, str]) -> None:
