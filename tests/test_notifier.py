@@ -269,7 +269,10 @@ def test_the_operational_webhook_is_an_outbox_row_for_the_notify_endpoint(db, tm
                     "ON e.id = d.endpoint_id GROUP BY 1 ORDER BY 1") == [("customer", 2), ("operational", 2)]
     assert db.query("SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = %s AND event_id LIKE 'breaker%%'",
                     (failing,)) == [(0,)]
-    assert other  # the second endpoint is only there to take the producer's event
+    # Nor in legacy mode (the workspace's outbox flag off): the synchronous path's targets are customers' only.
+    db.query("UPDATE workspaces SET flags = '{\"webhook_outbox\": false}'")
+    assert db.query("SELECT legacy_endpoint_ids FROM dispatcher_send_event('ws', 'legacy-1', 'job.created', NULL, "
+                    "'{}', 'h', false)") == [([failing, other],)]
 
 
 def test_no_operational_webhook_to_the_failing_endpoint_itself(db, caplog: pytest.LogCaptureFixture) -> None:
