@@ -50,6 +50,19 @@ def _per_second(text: str) -> float:
     return value
 
 
+def _owner(text: str) -> str:
+    from dispatcher.contacts import InvalidContact, check_email
+
+    try:
+        return check_email(text)
+    except InvalidContact as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _owner_or_clear(text: str) -> str:
+    return "" if text == "" else _owner(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description="Queue-backed webhook delivery (RFC-014).")
     parser.add_argument("-c", "--config", default="config/local.yaml", help="YAML config file (default: %(default)s)")
@@ -75,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="read the signing secret from PATH (first line); stays out of `ps`")
     create.add_argument("--flag", action="append", type=_flag, default=[], help="NAME=on|off, e.g. webhook_outbox=on")
     rollout.add_flag_parser(workspace)
+    contacts = workspace.add_parser("set", help="set a workspace's owner email and notify webhook URL "
+                                                "(breaker notices; '' clears one)")
+    contacts.add_argument("--id", required=True)
+    contacts.add_argument("--owner", type=_owner_or_clear, default=None, metavar="EMAIL",
+                          help="gets breaker notices of endpoints that name no owner of their own")
+    contacts.add_argument("--notify-url", default=None, metavar="URL",
+                          help="also send breaker notices as an operational webhook here (same URL policy as "
+                               "endpoints)")
     endpoint = commands.add_parser("endpoint", help="manage endpoints").add_subparsers(dest="action", required=True)
     add = endpoint.add_parser("add", help="register an endpoint; prints its id")
     add.add_argument("--workspace", required=True)
@@ -82,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
     add.add_argument("--max-per-second", type=_per_second, default=None,
                      help="requests per second to this endpoint, across the region (default: no limit)")
+    add.add_argument("--owner", type=_owner, default=None, metavar="EMAIL",
+                     help="gets this endpoint's breaker notices (default: the workspace's owner)")
     status = commands.add_parser("status", help="the region at a glance, read from the database")
     status.add_argument("--json", action="store_true", help="a stable JSON document (docs/operations.md)")
     check = commands.add_parser("check", help="monitoring probe: Nagios exit codes 0 OK, 1 WARNING, 2 CRITICAL, "
@@ -129,23 +152,41 @@ def _given_secret(args: argparse.Namespace) -> str | None:
 def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
     if args.action == "flag":
         return rollout.cmd_flag(config, args)
+    if args.action == "set":
+        return _set_workspace_contacts(config, args)
     secret = _given_secret(args) or "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
     existed = store.create_workspace(_connect(config), args.id, secret, dict(args.flag))
     print(f"workspace {args.id} {'updated' if existed else 'created'}")
     return ExitCode.OK
 
 
-def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
+def _check_url(config: Config, url: str, what: str) -> None:
+    """The endpoint URL policy (https when required, the SSRF check), for every URL we will POST to."""
     from dispatcher.netguard import BlockedURL, InvalidURL, OutboundPolicy, check_registration_url
 
     try:
-        check_registration_url(args.url, OutboundPolicy.from_config(config.http))
+        check_registration_url(url, OutboundPolicy.from_config(config.http))
     except (InvalidURL, BlockedURL) as exc:
         # The customer's reason only: a registration error may be shown to them.
-        logging.getLogger("dispatcher.cli").debug("endpoint URL refused: %s", exc)
-        raise UsageError(f"endpoint URL refused: {exc.public}") from None
+        logging.getLogger("dispatcher.cli").debug("%s refused: %s", what, exc)
+        raise UsageError(f"{what} refused: {exc.public}") from None
+
+
+def _set_workspace_contacts(config: Config, args: argparse.Namespace) -> int:
+    if args.owner is None and args.notify_url is None:
+        raise UsageError("workspace set needs --owner and/or --notify-url")
+    if args.notify_url:
+        _check_url(config, args.notify_url, "notify URL")
+    owner, notify_url = store.set_workspace_contacts(_connect(config), args.id, args.owner, args.notify_url)
+    print(f"workspace {args.id}: owner {owner or '(none: the operator address)'}, "
+          f"notify webhook {notify_url or '(none)'}")
+    return ExitCode.OK
+
+
+def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
+    _check_url(config, args.url, "endpoint URL")
     endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events,
-                                     max_per_second=args.max_per_second)
+                                     max_per_second=args.max_per_second, owner_contact=args.owner)
     print(endpoint_id)
     return ExitCode.OK
 

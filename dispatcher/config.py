@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from dispatcher.breaker import BreakerPolicy
+from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.health import BacklogRule, FleetRule
 from dispatcher.policy import RetryPolicies, RetryPolicy
 
@@ -38,6 +39,8 @@ DSN_ENV = "DISPATCHER_DATABASE_DSN"
 # be) and hands the result to its workers through this variable.
 WORKER_DSN_ENV = "DISPATCHER_WORKER_DSN"
 EMBEDDED = "embedded"
+# The SMTP password may stay out of the config file: this variable overrides notifier.smtp_password.
+SMTP_PASSWORD_ENV = "DISPATCHER_SMTP_PASSWORD"
 
 
 class ConfigError(ValueError):
@@ -84,6 +87,17 @@ def _text(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{value!r} is not a non-empty string")
     return value
+
+
+def _optional(parse: Parser, value: Any) -> Any:
+    return None if value is None else parse(value)
+
+
+def _email(value: Any) -> str:
+    try:
+        return check_email(_text(value))
+    except InvalidContact as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _region(value: Any) -> str:
@@ -167,16 +181,17 @@ def _listen(value: Any) -> tuple[str, int]:
     return host.strip("[]"), _port(int(port)) if int(port) else 0
 
 
-def setting(default: Any, parse: Parser, doc: str, shown: str | None = None) -> Any:
+def setting(default: Any, parse: Parser, doc: str, shown: str | None = None, secret: bool = False) -> Any:
     """Declare a setting: its default, its parser/validator and its doc.
 
     ``shown`` is the default as written in YAML, for the docs, when the value
     itself would print differently (``auto`` for a core count, ``host:port``).
+    A ``secret`` setting stays out of the config object's repr.
     """
     metadata: dict[str, Any] = {"parse": parse, "doc": doc}
     if shown is not None:
         metadata["shown"] = shown
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -299,11 +314,30 @@ class ProducerConfig:
 
 @dataclass(frozen=True)
 class NotifierConfig:
-    kind: str = setting("log", _one_of("log", "smtp"), "how endpoint owners hear of an opened breaker (Q3)")
+    # Who gets the mail: the endpoint's owner_contact, else its workspace's, else smtp_to
+    # (dispatcher/notifier.py, docs/operations.md "Breaker notices").
+    kind: str = setting("log", _one_of("log", "smtp"),
+                        "how endpoint owners hear that a breaker opened or closed again (Q3): log or smtp")
     smtp_host: str = setting("127.0.0.1", _text, "SMTP relay host, for kind: smtp")
-    smtp_port: int = setting(25, _port, "SMTP relay port")
-    smtp_from: str = setting("webhooks@larkspur.invalid", _text, "sender address of notifications")
-    smtp_to: str = setting("webhook-support@larkspur.invalid", _text, "where breaker notifications are mailed")
+    smtp_port: int = setting(587, _port, "SMTP relay port (587 submission, 465 implicit TLS, 25 relay)")
+    smtp_security: str = setting("starttls", _one_of("starttls", "tls", "none"),
+                                 "starttls: upgrade the connection; tls: TLS from the start (465); none: plain "
+                                 "(a relay on localhost only). TLS verifies the relay against the system CAs "
+                                 "and http.ca_file")
+    smtp_username: str | None = setting(None, lambda v: _optional(_text, v),
+                                        "SMTP AUTH user name; null: no AUTH", shown="null")
+    smtp_password: str | None = setting(None, lambda v: _optional(_text, v),
+                                        f"SMTP AUTH password (never logged); {SMTP_PASSWORD_ENV} overrides it",
+                                        shown="null", secret=True)
+    smtp_from: str = setting("webhooks@larkspur.invalid", _email, "sender address of notifications")
+    smtp_to: str = setting("webhook-support@larkspur.invalid", _email,
+                           "operator address: gets the notices of endpoints whose endpoint and workspace "
+                           "name no owner")
+    smtp_timeout: float = setting(10.0, parse_duration,
+                                  "longest one mail may take, connect to QUIT; then it counts as failed")
+    smtp_attempts: int = setting(5, _positive_int, "tries of one mail in all; after the last failure it is "
+                                                   "dropped (logged as an error)")
+    retry_base: float = setting(60.0, parse_duration, "wait before a failed mail is tried again; doubles each time")
 
 
 @dataclass(frozen=True)
@@ -424,6 +458,10 @@ def config_from_mapping(raw: Mapping[str, Any], env: Mapping[str, str] | None = 
     dsn = environ.get(DSN_ENV)
     if dsn:
         config = dataclasses.replace(config, database=dataclasses.replace(config.database, dsn=dsn))
+    smtp_password = environ.get(SMTP_PASSWORD_ENV)
+    if smtp_password:
+        config = dataclasses.replace(config, notifier=dataclasses.replace(config.notifier,
+                                                                          smtp_password=smtp_password))
     config = dataclasses.replace(config, source=source)
     _check_consistency(config)
     return config

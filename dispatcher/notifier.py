@@ -1,56 +1,234 @@
-"""Q3: endpoint owners hear about it when a breaker opens (not after attempt 5).
+"""Q3: the people who own an endpoint hear when its breaker opens and when it
+closes again (issue 12 item 4; docs/operations.md "Breaker notices").
 
-Pluggable: ``notifier.kind: log`` (default) writes a WARNING; ``smtp`` mails
-``notifier.smtp_to``.  The schema has no per-endpoint owner address yet, so
-mail goes to one configured address (support's queue), which forwards.
-Notifiers run in their own greenlet and swallow their own failures: a broken
-mail relay must never hold up delivery.
+* **Who.** The endpoint's ``owner_contact``, else its workspace's, else the
+  operator address ``notifier.smtp_to`` (:func:`recipient`).
+* **Once.** A notice is a row of ``breaker_notices`` keyed by (endpoint, open
+  episode, kind): ``opened`` and ``recovered`` are each written once per
+  episode by whichever process finds them first (INSERT ... ON CONFLICT DO
+  NOTHING), and each mail is claimed by one sender at a time.
+* **How.** ``notifier.kind``: ``log`` (default) writes a WARNING, ``smtp`` mails
+  through the relay (TLS and AUTH per ``notifier.smtp_*``).  A failed mail is
+  tried again ``notifier.smtp_attempts`` times in all, with doubling waits
+  (:class:`MailRetry`), then dropped with an ERROR line.  A sender that dies
+  between sending and recording may send a mail twice: at least once, not
+  exactly once.
+* **Operational webhook.** A workspace with a ``notify_webhook_url`` also gets
+  each notice as an event (``webhook.endpoint.breaker_opened`` /
+  ``...breaker_recovered``) and one delivery row to its operational endpoint,
+  written in the notice's own transaction: signed, retried and policed like
+  every delivery.  Never to the failing endpoint itself (:func:`same_target`).
+* **Off the delivery path.** :class:`OwnerNotices` runs in a greenlet of its own
+  with a connection of its own (``dispatcher.worker``), woken by this
+  process's breaker transitions and, on the upkeep leader, every
+  ``alerts.check_interval``; every failure is logged and swallowed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import smtplib
+import ssl
+from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Protocol
 
-from dispatcher.breaker import EndpointBreaker
-from dispatcher.config import NotifierConfig
+import gevent
+
+from dispatcher.config import Config, NotifierConfig
+from dispatcher.contacts import InvalidContact, check_email
+from dispatcher.netguard import OutboundError, OutboundPolicy, parse_target
+from dispatcher.redact import scrub
+from dispatcher.store.notices import ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
 
 log = logging.getLogger("dispatcher.notifier")
 
+# Mails claimed per round: a round sends them one after another, so this and
+# notifier.smtp_timeout bound how long a round can take.
+MAILS_PER_ROUND = 20
+EVENT_TYPES = {"opened": "webhook.endpoint.breaker_opened", "recovered": "webhook.endpoint.breaker_recovered"}
+# Parses any URL for comparison only; sending applies the real policy.
+_ANY_URL = OutboundPolicy(require_https=False, allow_private_networks=True)
+
+
+class NoticeNotSent(Exception):
+    """A mail that did not go out; the message is safe to log (no secrets)."""
+
+
+def recipient(endpoint_owner: str | None, workspace_owner: str | None, operator: str) -> tuple[str, str]:
+    """(address, whose): the endpoint's owner, else the workspace's, else the operator.
+
+    A contact that is not a plain address (written around the CLI's check, by
+    raw SQL) is passed over like a missing one: it could not be mailed, and
+    must never reach a mail header."""
+    for contact, whose in ((endpoint_owner, "endpoint"), (workspace_owner, "workspace")):
+        if contact:
+            try:
+                return check_email(contact), whose
+            except InvalidContact:
+                log.warning("the %s owner contact %r is not an email address; passed over", whose, contact)
+    return operator, "operator"
+
+
+def same_target(first: str, second: str) -> bool:
+    """Do two URLs name the same place (scheme, host, port, path and query, after
+    normalisation: ``HTTPS://Example.com:443/x`` is ``https://example.com/x``)?"""
+    try:
+        a, b = parse_target(first, _ANY_URL), parse_target(second, _ANY_URL)
+    except OutboundError:
+        return first.strip() == second.strip()
+    return (a.scheme, a.host, a.port, a.path) == (b.scheme, b.host, b.port, b.path)
+
+
+@dataclass(frozen=True, slots=True)
+class MailRetry:
+    """When a failed mail is tried again: ``base`` after the first failure, doubling,
+    until ``attempts`` tries were made; then never (None)."""
+
+    attempts: int
+    base: float
+
+    def delay_after(self, attempts_made: int) -> float | None:
+        if attempts_made >= self.attempts:
+            return None
+        return self.base * 2 ** (attempts_made - 1)
+
+
+def operational_webhook(notice: NewNotice) -> OperationalWebhook | None:
+    """The event the workspace's notify URL gets for ``notice``, or None: no URL,
+    or the URL is the failing endpoint's own (it would only fail there too)."""
+    if not notice.notify_url:
+        return None
+    if same_target(notice.notify_url, notice.url):
+        log.warning("operational webhook for endpoint %d (%s, episode %d) skipped: the workspace's notify URL is "
+                    "the failing endpoint itself", notice.endpoint_id, notice.kind, notice.episode)
+        return None
+    payload = json.dumps({"endpoint_id": notice.endpoint_id, "episode": notice.episode,
+                          "breaker": "open" if notice.kind == "opened" else "closed",
+                          "consecutive_failures": notice.consecutive_failures,
+                          "last_error": notice.last_error}, separators=(",", ":"))
+    return OperationalWebhook(
+        workspace_id=notice.workspace_id, url=notice.notify_url,
+        event_id=f"breaker_{notice.kind}_{notice.endpoint_id}_{notice.episode}",
+        event_type=EVENT_TYPES[notice.kind], payload=payload,
+        payload_hash=hashlib.sha256(payload.encode("utf-8")).hexdigest())
+
+
+def mail_text(notice: ClaimedNotice) -> tuple[str, str]:
+    """(subject, body) of a notice's mail.  The URL is shown as its host only: paths often carry credentials."""
+    host = _host(notice.url)
+    where = f"Webhook endpoint {notice.endpoint_id} ({host}) of workspace {notice.workspace_id}"
+    if notice.kind == "opened":
+        return (f"Webhook endpoint {notice.endpoint_id} paused after repeated failures",
+                f"{where} failed {notice.consecutive_failures} times in a row (last error: "
+                f"{notice.last_error or 'unknown'}).\n\nDeliveries to it are paused, not lost: they stay pending "
+                f"and one is sent as a probe after the breaker's cool-off. You will get one more mail when it "
+                f"recovers.\n")
+    return (f"Webhook endpoint {notice.endpoint_id} recovered",
+            f"{where} answered again: its breaker closed and the deliveries held while it was open are "
+            f"flowing again.\n")
+
+
+def _host(url: str | None) -> str:
+    if url is None:
+        return "deleted"
+    try:
+        return parse_target(url, _ANY_URL).authority
+    except OutboundError:
+        return "unparsable URL"
+
 
 class Notifier(Protocol):
-    def breaker_opened(self, endpoint_id: int, breaker: EndpointBreaker, error: str | None) -> None: ...
-
-
-def _text(endpoint_id: int, breaker: EndpointBreaker, error: str | None) -> str:
-    return (f"Webhook endpoint {endpoint_id} failed {breaker.consecutive_failures} times in a row "
-            f"(last error: {error or 'unknown'}). Deliveries are paused, not lost: they stay pending "
-            f"and are retried after the breaker's cool-off.")
+    def deliver(self, to: str, subject: str, text: str) -> None:
+        """Send one notice; raises :class:`NoticeNotSent`."""
 
 
 class LogNotifier:
-    def breaker_opened(self, endpoint_id: int, breaker: EndpointBreaker, error: str | None) -> None:
-        log.warning("notify endpoint owner: %s", _text(endpoint_id, breaker, error))
+    def deliver(self, to: str, subject: str, text: str) -> None:
+        log.warning("notify endpoint owner %s: %s: %s", to, subject, " ".join(text.split()))
 
 
 class SmtpNotifier:
-    def __init__(self, config: NotifierConfig) -> None:
+    """One SMTP session per mail, with TLS per ``smtp_security`` and AUTH when a user is set.
+
+    Bounded by ``smtp_timeout`` as a whole (gevent.Timeout), not only per socket operation."""
+
+    def __init__(self, config: NotifierConfig, ca_file: str | None = None) -> None:
         self._config = config
+        self._tls = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
+        if ca_file:
+            self._tls.load_default_certs()
 
-    def breaker_opened(self, endpoint_id: int, breaker: EndpointBreaker, error: str | None) -> None:
+    def deliver(self, to: str, subject: str, text: str) -> None:
+        c = self._config
         message = EmailMessage()
-        message["From"] = self._config.smtp_from
-        message["To"] = self._config.smtp_to
-        message["Subject"] = f"Webhook endpoint {endpoint_id} paused after repeated failures"
-        message.set_content(_text(endpoint_id, breaker, error))
+        message["From"], message["To"], message["Subject"] = c.smtp_from, to, subject
+        message.set_content(text)
         try:
-            with smtplib.SMTP(self._config.smtp_host, self._config.smtp_port, timeout=10) as smtp:
-                smtp.send_message(message)
+            with gevent.Timeout(c.smtp_timeout, NoticeNotSent(f"no answer within {c.smtp_timeout:g}s")):
+                self._session(message)
         except (OSError, smtplib.SMTPException) as exc:
-            log.warning("breaker notification for endpoint %d not sent: %s", endpoint_id, exc)
+            raise NoticeNotSent(scrub(f"{type(exc).__name__}: {exc}", [c.smtp_password])) from None
+
+    def _session(self, message: EmailMessage) -> None:
+        c = self._config
+        smtp: smtplib.SMTP
+        if c.smtp_security == "tls":
+            smtp = smtplib.SMTP_SSL(c.smtp_host, c.smtp_port, timeout=c.smtp_timeout, context=self._tls)
+        else:
+            smtp = smtplib.SMTP(c.smtp_host, c.smtp_port, timeout=c.smtp_timeout)
+        with smtp:
+            if c.smtp_security == "starttls":
+                smtp.starttls(context=self._tls)
+            if c.smtp_username:
+                smtp.login(c.smtp_username, c.smtp_password or "")
+            smtp.send_message(message)
 
 
-def make_notifier(config: NotifierConfig) -> Notifier:
-    return SmtpNotifier(config) if config.kind == "smtp" else LogNotifier()
+def make_notifier(config: Config) -> Notifier:
+    if config.notifier.kind == "smtp":
+        return SmtpNotifier(config.notifier, config.http.ca_file)
+    return LogNotifier()
+
+
+class OwnerNotices:
+    """One round: write new notices (and their operational webhooks), then send the due mails."""
+
+    def __init__(self, config: Config, store: NoticeStore, notifier: Notifier | None = None) -> None:
+        self._config = config.notifier
+        self._store = store
+        self._notifier = notifier or make_notifier(config)
+        self._retry = MailRetry(config.notifier.smtp_attempts, config.notifier.retry_base)
+        self._retention = config.retention.dead
+        # A claimed mail is due again after this: long enough for a whole round of sends.
+        self._lease = config.notifier.smtp_timeout * (MAILS_PER_ROUND + 1) + 60.0
+
+    def run_once(self, prune: bool = False) -> None:
+        for notice in self._store.discover(operational_webhook):
+            log.info("breaker notice %s endpoint_id=%d episode=%d written event=breaker_notice",
+                     notice.kind, notice.endpoint_id, notice.episode)
+        for claimed in self._store.claim(MAILS_PER_ROUND, self._lease):
+            self._send(claimed)
+        if prune:
+            self._store.prune(self._retention)
+
+    def _send(self, notice: ClaimedNotice) -> None:
+        to, whose = recipient(notice.endpoint_owner, notice.workspace_owner, self._config.smtp_to)
+        subject, text = mail_text(notice)
+        try:
+            self._notifier.deliver(to, subject, text)
+        except NoticeNotSent as exc:
+            retry_in = self._retry.delay_after(notice.attempts)
+            if retry_in is None:
+                log.error("breaker notice %s for endpoint %d to %s dropped after %d attempts: %s",
+                          notice.kind, notice.endpoint_id, to, notice.attempts, exc)
+            else:
+                log.warning("breaker notice %s for endpoint %d to %s not sent (attempt %d, next in %.0fs): %s",
+                            notice.kind, notice.endpoint_id, to, notice.attempts, retry_in, exc)
+            self._store.finish(notice, to, sent=False, error=str(exc), retry_in=retry_in)
+            return
+        log.info("breaker notice %s for endpoint %d sent to the %s owner %s", notice.kind, notice.endpoint_id,
+                 whose, to)
+        self._store.finish(notice, to, sent=True)

@@ -70,6 +70,11 @@ class Upkeep:
         self._sweep_expired()
         self._prune()
 
+    @property
+    def is_leader(self) -> bool:
+        """Whether the last round held the region's lease (the breaker notices' periodic round follows it)."""
+        return self._is_leader
+
     def lost_connection(self) -> None:
         """The lease outlives a connection: the next round renews it (or finds it taken)."""
 

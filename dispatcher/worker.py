@@ -12,6 +12,9 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
   publishes the breaker gauges, sweeps rows that expire while a breaker is
   open, and prunes finished rows and attempt history past their retention
   (decisions Q2; ``dispatcher.upkeep``);
+* breaker notices (``dispatcher.notifier``) tell endpoint owners that a
+  breaker opened or closed again, on a connection of their own: woken by this
+  process's transitions, and every check_interval on the upkeep leader;
 * the heartbeat proves to the supervisor that the hub is not stuck;
 * the status heartbeat records this process in the database every
   ``workers.status_interval`` (``dispatcher status`` and ``check`` read it),
@@ -29,6 +32,7 @@ import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import gevent
 import gevent.event
@@ -37,10 +41,14 @@ from dispatcher.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
 from dispatcher.config import Config
 from dispatcher.delivery import Attempt, DeliveryMaker
 from dispatcher.metrics import Metrics
-from dispatcher.notifier import make_notifier
+from dispatcher.notifier import OwnerNotices
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
+
+if TYPE_CHECKING:
+    from dispatcher.upkeep import Upkeep
 
 log = logging.getLogger("dispatcher.worker")
 attempt_log = logging.getLogger("dispatcher.attempt")
@@ -95,7 +103,10 @@ class Worker:
                                   config.region)
         self._maker = maker or DeliveryMaker.from_config(config)
         self._metrics = Metrics(config.statsd, config.region)
-        self._notifier = make_notifier(config.notifier)
+        # Its own connection, opened on first use (by the leader, or after a transition seen here).
+        self._notices = OwnerNotices(config, NoticeStore(ManagedConnection(
+            dsn, f"dispatcher notify {owner}", timeout, prepared)))
+        self._notice_due = gevent.event.Event()
         self._breaker = config.breaker.policy()
         self._lanes: dict[int, Lane] = {}
         self._held = 0
@@ -104,14 +115,15 @@ class Worker:
         self._flush_now = gevent.event.Event()
         self._stopping = gevent.event.Event()
         self._cursor = 0
-        self._is_leader = False
+        self._upkeep_runner: Upkeep | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
     def run(self) -> None:
         """Serve until ``stop`` is called; then drain within the grace period."""
         log.info("worker %s started (client=%s) event=worker_started", self.owner, self.config.http.client)
-        background = [gevent.spawn(self._flush_loop), gevent.spawn(self._upkeep_loop)]
+        background = [gevent.spawn(self._flush_loop), gevent.spawn(self._upkeep_loop),
+                      gevent.spawn(self._notice_loop)]
         if self._heartbeat_path:
             background.append(gevent.spawn(self._heartbeat_loop))
         status = gevent.spawn(self._status_loop)
@@ -295,8 +307,8 @@ class Worker:
         log.warning("breaker %s endpoint_id=%d failures=%d open_until=%s", transition, write.endpoint_id,
                     write.breaker.consecutive_failures, write.breaker.open_until)
         self._metrics.breaker(write.endpoint_id, write.breaker.state)
-        if transition == "opened":
-            gevent.spawn(self._notifier.breaker_opened, write.endpoint_id, write.breaker, write.error)
+        if transition in ("opened", "closed"):
+            self._notice_due.set()  # decisions Q3: the owner hears of it (dispatcher.notifier)
 
     # -- shutdown ----------------------------------------------------------
 
@@ -330,6 +342,7 @@ class Worker:
         from dispatcher.upkeep import Upkeep
 
         upkeep = Upkeep(self.config, self._upkeep, self._metrics, self._leader_presence, owner=self.owner)
+        self._upkeep_runner = upkeep
         while not self._stopping.wait(self.config.alerts.check_interval):
             try:
                 upkeep.run_once()
@@ -338,6 +351,23 @@ class Worker:
                 log.warning("upkeep skipped: %s", exc)
             except StoreError as exc:  # refused, or a table missing: the loop must outlive it
                 log.error("upkeep step refused by the database, retried next round: %s", exc)
+
+    def _notice_loop(self) -> None:
+        """Breaker notices (``dispatcher.notifier``), off the delivery path: a round
+        when a breaker of this process opened or closed, and every check_interval
+        on the upkeep leader (retries, and what a process that died did not send).
+        Nothing here may end the loop or reach delivery."""
+        interval = self.config.alerts.check_interval
+        while True:
+            woken = self._notice_due.wait(interval)
+            self._notice_due.clear()
+            leader = self._upkeep_runner is not None and self._upkeep_runner.is_leader
+            if not (woken or leader):
+                continue
+            try:
+                self._notices.run_once(prune=leader)
+            except Exception as exc:  # a StoreError, or anything else: logged, tried again next round
+                log.warning("breaker notices skipped this round: %s", exc)
 
     def _heartbeat_loop(self) -> None:
         assert self._heartbeat_path is not None

@@ -244,6 +244,40 @@ class TestWorkspace:
         assert "--secret-stdin" in help_text and "--secret-file" in help_text and "ps" in help_text
 
 
+class TestWorkspaceContacts:
+    """``workspace set``: the owner email and notify webhook URL of breaker notices (issue 12 item 4)."""
+
+    def set(self, config: Path, *extra: str, workspace: str = "W") -> subprocess.CompletedProcess[str]:
+        return cli("-c", config, "workspace", "set", "--id", workspace, *extra)
+
+    def contacts(self, db: Database) -> list[tuple[Any, ...]]:
+        return db.query("SELECT owner_contact, notify_webhook_url FROM workspaces WHERE id = 'W'")
+
+    def test_set_change_and_clear(self, db: Database, config: Path) -> None:
+        ok(cli("-c", config, "workspace", "create", "--id", "W"))
+        out = ok(self.set(config, "--owner", "team@example.com", "--notify-url", "http://127.0.0.1:9/ops"))
+        assert "team@example.com" in out and "http://127.0.0.1:9/ops" in out
+        assert self.contacts(db) == [("team@example.com", "http://127.0.0.1:9/ops")]
+        ok(self.set(config, "--owner", "other@example.com"))  # the URL stays
+        assert self.contacts(db) == [("other@example.com", "http://127.0.0.1:9/ops")]
+        ok(self.set(config, "--owner", "", "--notify-url", ""))
+        assert self.contacts(db) == [(None, None)]
+
+    def test_bad_input_changes_nothing(self, db: Database, config: Path, write_config: WriteConfig) -> None:
+        ok(cli("-c", config, "workspace", "create", "--id", "W"))
+        ok(self.set(config, "--owner", "team@example.com"))
+        usage_error(self.set(config, "--owner", "team@localhost"), "--owner")
+        assert_one_line_error(self.set(config), ExitCode.USAGE, "--owner and/or --notify-url")
+        region_like = write_config(db, http={"require_https": True, "allow_private_networks": False})
+        for url, reason in [("http://hooks.example.com/x", "https is required"),
+                            ("https://169.254.169.254/latest", "address not allowed")]:
+            assert_one_line_error(self.set(region_like, "--notify-url", url), ExitCode.USAGE,
+                                  "notify URL refused", reason)
+        assert_one_line_error(self.set(config, "--owner", "a@example.com", workspace="nope"), ExitCode.FAILURE,
+                              "workspace 'nope' does not exist")
+        assert self.contacts(db) == [("team@example.com", None)]
+
+
 class TestEndpoint:
     def add(self, config: Path, *extra: str, url: str = "http://127.0.0.1:9/x",
             workspace: str = "W") -> subprocess.CompletedProcess[str]:
@@ -275,6 +309,15 @@ class TestEndpoint:
                                                  value: str) -> None:
         usage_error(self.add(config, "--max-per-second", value), "--max-per-second")
         assert db.query("SELECT count(*) FROM webhook_endpoints") == [(0,)]
+
+    def test_owner_is_stored_and_checked(self, db: Database, config: Path, workspace: None) -> None:
+        owned = int(ok(self.add(config, "--owner", "owner@example.com")).strip())
+        free = int(ok(self.add(config, url="http://127.0.0.1:9/y")).strip())
+        assert db.query("SELECT id, owner_contact FROM webhook_endpoints ORDER BY id") == [
+            (owned, "owner@example.com"), (free, None)]
+        usage_error(self.add(config, "--owner", "owner@example.com\nBcc: x@evil.example"), "--owner")
+        usage_error(self.add(config, "--owner", "nobody"), "--owner", "not an email address")
+        assert db.query("SELECT count(*) FROM webhook_endpoints") == [(2,)]
 
     def test_unknown_workspace(self, db: Database, config: Path) -> None:
         assert_one_line_error(self.add(config, workspace="nope"), ExitCode.FAILURE, "workspace 'nope' does not exist")

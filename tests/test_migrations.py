@@ -51,6 +51,9 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "previous_secret": optional("text"),
         "secret_rotated_at": optional(TIMESTAMPTZ),
         "flags": required("jsonb", "'{}'::jsonb"),
+        # 0011: the owner's email, and where breaker notices go as an operational webhook (issue 12 item 4)
+        "owner_contact": optional("text"),
+        "notify_webhook_url": optional("text"),
     },
     "webhook_endpoints": {
         "id": required("bigint", SERIAL),
@@ -61,6 +64,9 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "created_at": required(TIMESTAMPTZ, "now()"),
         # region-wide rate limit (0006); NULL: none
         "max_per_second": optional("double precision"),
+        # 0011: the owner's email; an 'operational' row carries the workspace's notify webhook
+        "owner_contact": optional("text"),
+        "purpose": required("text", "'customer'::text"),
     },
     "events": {
         "id": required("text"),
@@ -117,6 +123,21 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "state": required("text", "'closed'::text"),
         "consecutive_failures": required("integer", "0"),
         "open_until": optional(TIMESTAMPTZ),
+        # 0011: counts closed -> open transitions; names the episode a notice is about
+        "open_episode": required("bigint", "0"),
+    },
+    # 0011: one breaker notice per endpoint, episode and kind, and its mail's retry state.
+    "breaker_notices": {
+        "endpoint_id": required("bigint"),
+        "episode": required("bigint"),
+        "kind": required("text"),
+        "workspace_id": required("text"),
+        "created_at": required(TIMESTAMPTZ, "now()"),
+        "attempts": required("integer", "0"),
+        "next_attempt_at": Column(TIMESTAMPTZ, True, "now()"),
+        "sent_at": optional(TIMESTAMPTZ),
+        "recipient": optional("text"),
+        "last_error": optional("text"),
     },
     # 0005: one row per dispatcher worker process (issue 11: status and check read the fleet from here).
     "dispatcher_processes": {
@@ -143,6 +164,8 @@ PRIMARY_KEYS = {
     "rollout_workspaces": ("workspace_id",),
     # 0007: one upkeep leader lease per region.
     "region_leader": ("region",),
+    # 0011: the dedup key of breaker notices.
+    "breaker_notices": ("endpoint_id", "episode", "kind"),
 }
 
 # (table, key columns, partial-index predicate, unique)
@@ -155,6 +178,9 @@ INDEXES = {
     ("api_replay_ledger", ("at",), None, False),
     # The claim counts an endpoint's leased rows through it (0006, region-wide concurrency).
     ("webhook_deliveries", ("endpoint_id",), "(claim_token IS NOT NULL)", False),
+    # 0011: at most one operational endpoint per workspace; due notices.
+    ("webhook_endpoints", ("workspace_id",), "(purpose = 'operational'::text)", True),
+    ("breaker_notices", ("next_attempt_at",), "(sent_at IS NULL)", False),
 }
 
 CHECKED_VALUES = {
@@ -162,6 +188,8 @@ CHECKED_VALUES = {
     ("webhook_deliveries", "mode"): {"live", "shadow"},
     ("endpoint_state", "state"): {"closed", "open", "half_open"},
     ("rollout_workspaces", "list"): {"include", "exclude"},
+    ("webhook_endpoints", "purpose"): {"customer", "operational"},
+    ("breaker_notices", "kind"): {"opened", "recovered"},
 }
 
 FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",)),
@@ -467,6 +495,17 @@ class TestOutsideTools:
         fresh.query("INSERT INTO webhook_endpoints (workspace_id, url) VALUES ('other', 'https://e.example/')")
         assert fresh.query("SELECT workspace_id, count(*) FROM webhook_endpoints WHERE active "
                            "GROUP BY 1 ORDER BY 1") == [("other", 1), ("w", 10)]
+
+    def test_the_operational_endpoint_is_not_one_of_the_ten_and_is_one_per_workspace(self, fresh: Database) -> None:
+        fresh.query("INSERT INTO workspaces (id, secret) VALUES ('w', 's')")
+        insert = "INSERT INTO webhook_endpoints (workspace_id, url, purpose) VALUES ('w', 'https://e.example/', %s)"
+        for _ in range(10):
+            fresh.query(insert, ("customer",))
+        fresh.query(insert, ("operational",))  # an eleventh active row, allowed: not a customer endpoint
+        with pytest.raises(psycopg2.errors.UniqueViolation):
+            fresh.query(insert, ("operational",))
+        with pytest.raises(psycopg2.errors.CheckViolation):
+            fresh.query(insert, ("customer",))
 
 
 class TestRolloutSchema:

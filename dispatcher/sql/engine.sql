@@ -203,6 +203,9 @@ UPDATE endpoint_state s
        consecutive_failures = v.failures,
        open_until = to_timestamp(v.open_until),
        opened_at = CASE WHEN v.state = 'open' AND s.state <> 'open' THEN now() ELSE s.opened_at END,
+       -- a new open episode (breaker notices are keyed by it: dispatcher/notifier.py)
+       open_episode = CASE WHEN v.state = 'open' AND s.state = 'closed' THEN s.open_episode + 1
+                           ELSE s.open_episode END,
        last_success_at = CASE WHEN v.succeeded THEN now() ELSE s.last_success_at END,
        last_failure_at = CASE WHEN v.failed THEN now() ELSE s.last_failure_at END,
        last_error = CASE WHEN v.failed THEN v.error ELSE s.last_error END,

@@ -36,9 +36,19 @@ UPDATE workspaces
 RETURNING id;
 
 -- name: add_endpoint
-INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second)
-VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s)
+INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, owner_contact)
+VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(owner_contact)s)
 RETURNING id;
+
+-- name: set_workspace_contacts
+-- NULL parameters leave a column as it is; '' clears it.
+UPDATE workspaces
+   SET owner_contact = CASE WHEN %(owner_contact)s::text IS NULL THEN owner_contact
+                            ELSE nullif(%(owner_contact)s::text, '') END,
+       notify_webhook_url = CASE WHEN %(notify_url)s::text IS NULL THEN notify_webhook_url
+                                 ELSE nullif(%(notify_url)s::text, '') END
+ WHERE id = %(id)s
+RETURNING id, owner_contact, notify_webhook_url;
 
 -- name: workspace_exists
 SELECT 1 FROM workspaces WHERE id = %(id)s;

@@ -156,6 +156,18 @@ def set_workspace_flags(conn: Connection, workspace_id: str, flags: Mapping[str,
             raise NotFound(f"workspace {workspace_id!r} does not exist")
 
 
+def set_workspace_contacts(conn: Connection, workspace_id: str, owner_contact: str | None,
+                           notify_url: str | None) -> tuple[str | None, str | None]:
+    """Set the workspace's owner email and operational webhook URL: None leaves
+    one as it is, '' clears it.  Returns both as they now stand."""
+    with transaction(conn):
+        rows = run_query(conn, "set_workspace_contacts",
+                         {"id": workspace_id, "owner_contact": owner_contact, "notify_url": notify_url})
+    if not rows:
+        raise NotFound(f"workspace {workspace_id!r} does not exist")
+    return rows[0][1], rows[0][2]
+
+
 def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) -> None:
     with transaction(conn):
         if not run_query(conn, "rotate_workspace_secret", {"id": workspace_id, "secret": secret}):
@@ -163,16 +175,18 @@ def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) ->
 
 
 def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str],
-                 max_per_second: float | None = None) -> int:
+                 max_per_second: float | None = None, owner_contact: str | None = None) -> int:
     """Register an endpoint; the database enforces 10 active per workspace.
-    ``max_per_second`` is its region-wide rate limit (None: none)."""
+    ``max_per_second`` is its region-wide rate limit (None: none); ``owner_contact``
+    the email its breaker notices go to (None: the workspace's owner)."""
     try:
         with transaction(conn):
             if not run_query(conn, "workspace_exists", {"id": workspace_id}):
                 raise NotFound(f"workspace {workspace_id!r} does not exist")
             rows = run_query(conn, "add_endpoint", {"workspace_id": workspace_id, "url": url,
                                                "event_types": list(event_types),
-                                                    "max_per_second": max_per_second})
+                                                    "max_per_second": max_per_second,
+                                                    "owner_contact": owner_contact})
     except QueryRejected as exc:
         raise _limit_or(exc) from None
     return int(rows[0][0])

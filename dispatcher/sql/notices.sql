@@ -1,0 +1,107 @@
+-- Breaker notices to endpoint owners (issue 12 item 4, decisions Q3), executed
+-- only by dispatcher/store/notices.py.  The rule of who hears what lives in
+-- dispatcher/notifier.py; these queries keep one notice per endpoint, open
+-- episode and kind, whichever process finds it first.
+
+-- name: notices_discover
+-- Notices not written yet: 'opened' for every breaker that is not closed
+-- (episode = its open_episode), 'recovered' for every episode announced as
+-- opened whose breaker has closed since (or opened again: a later episode).
+-- ON CONFLICT DO NOTHING against the primary key makes each one exist once,
+-- however many processes run this at the same moment; RETURNING gives only
+-- those this statement wrote, each with what its operational webhook needs.
+WITH found AS (
+    SELECT s.endpoint_id, s.open_episode AS episode, 'opened'::text AS kind
+      FROM endpoint_state s
+     WHERE s.state <> 'closed' AND s.open_episode > 0
+    UNION ALL
+    SELECT n.endpoint_id, n.episode, 'recovered'::text
+      FROM breaker_notices n
+      JOIN endpoint_state s ON s.endpoint_id = n.endpoint_id
+     WHERE n.kind = 'opened' AND (s.state = 'closed' OR s.open_episode > n.episode)
+       AND NOT EXISTS (SELECT 1 FROM breaker_notices r
+                        WHERE r.endpoint_id = n.endpoint_id AND r.episode = n.episode AND r.kind = 'recovered')
+), written AS (
+    INSERT INTO breaker_notices (endpoint_id, episode, kind, workspace_id)
+    SELECT f.endpoint_id, f.episode, f.kind, e.workspace_id
+      FROM found f JOIN webhook_endpoints e ON e.id = f.endpoint_id
+    ON CONFLICT DO NOTHING
+    RETURNING endpoint_id, episode, kind, workspace_id
+)
+SELECT w.endpoint_id, w.episode, w.kind, w.workspace_id, e.url, ws.notify_webhook_url AS notify_url,
+       coalesce(s.consecutive_failures, 0) AS consecutive_failures, s.last_error
+  FROM written w
+  JOIN webhook_endpoints e ON e.id = w.endpoint_id
+  JOIN workspaces ws ON ws.id = w.workspace_id
+  LEFT JOIN endpoint_state s ON s.endpoint_id = w.endpoint_id
+ ORDER BY w.endpoint_id, w.episode, w.kind;
+
+-- name: notices_operational_endpoint
+-- The workspace's one operational endpoint (migration 0011), pointed at its
+-- notify URL of the moment.
+INSERT INTO webhook_endpoints (workspace_id, url, purpose)
+VALUES (%(workspace_id)s, %(url)s, 'operational')
+ON CONFLICT (workspace_id) WHERE purpose = 'operational'
+DO UPDATE SET url = EXCLUDED.url, active = true
+RETURNING id;
+
+-- name: notices_operational_event
+-- The notice as an event and one delivery row to the operational endpoint:
+-- sent, signed, retried and refused by policy like any other delivery.
+WITH event AS (
+    INSERT INTO events (id, workspace_id, type, sequence, payload)
+    VALUES (%(event_id)s, %(workspace_id)s, %(type)s, nextval('event_sequence'), %(payload)s::jsonb)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+)
+INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash)
+SELECT %(workspace_id)s, %(endpoint_id)s, event.id, %(payload_hash)s FROM event
+RETURNING id;
+
+-- name: notices_claim
+-- Due mails, each taken by one sender: the claim moves next_attempt_at past a
+-- lease (a sender that dies leaves the mail due again after it) and counts
+-- the attempt.  The owners are read now, so a contact set after the breaker
+-- opened is used.
+WITH due AS (
+    SELECT endpoint_id, episode, kind FROM breaker_notices
+     WHERE sent_at IS NULL AND next_attempt_at <= now()
+     ORDER BY next_attempt_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE breaker_notices n
+       SET attempts = n.attempts + 1, next_attempt_at = now() + make_interval(secs => %(lease)s)
+      FROM due
+     WHERE n.endpoint_id = due.endpoint_id AND n.episode = due.episode AND n.kind = due.kind
+    RETURNING n.endpoint_id, n.episode, n.kind, n.workspace_id, n.attempts
+)
+SELECT c.endpoint_id, c.episode, c.kind, c.workspace_id, c.attempts, e.url,
+       e.owner_contact AS endpoint_owner, ws.owner_contact AS workspace_owner,
+       coalesce(s.consecutive_failures, 0) AS consecutive_failures, s.last_error
+  FROM claimed c
+  LEFT JOIN webhook_endpoints e ON e.id = c.endpoint_id
+  LEFT JOIN workspaces ws ON ws.id = c.workspace_id
+  LEFT JOIN endpoint_state s ON s.endpoint_id = c.endpoint_id
+ ORDER BY c.endpoint_id, c.episode, c.kind;
+
+-- name: notices_finish
+-- A mail's outcome: sent (sent_at), to be tried again in retry_in seconds, or
+-- given up (retry_in NULL: next_attempt_at NULL, sent_at NULL).
+UPDATE breaker_notices
+   SET sent_at = CASE WHEN %(sent)s THEN now() END,
+       recipient = %(recipient)s,
+       last_error = %(error)s,
+       next_attempt_at = CASE WHEN NOT %(sent)s AND %(retry_in)s::float8 IS NOT NULL
+                              THEN now() + make_interval(secs => %(retry_in)s::float8) END
+ WHERE endpoint_id = %(endpoint_id)s AND episode = %(episode)s AND kind = %(kind)s;
+
+-- name: notices_prune
+-- Episodes that ended (their 'recovered' notice exists) longer ago than the
+-- retention go, both notices at once; an 'opened' notice of an episode still
+-- open stays, or it would be found and sent again.
+DELETE FROM breaker_notices n
+ WHERE n.created_at < now() - make_interval(secs => %(older_than)s)
+   AND EXISTS (SELECT 1 FROM breaker_notices r
+                WHERE r.endpoint_id = n.endpoint_id AND r.episode = n.episode AND r.kind = 'recovered'
+                  AND r.created_at < now() - make_interval(secs => %(older_than)s));
