@@ -36,8 +36,10 @@ UPDATE workspaces
 RETURNING id;
 
 -- name: add_endpoint
-INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, owner_contact)
-VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(owner_contact)s)
+INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, owner_contact, secret, description,
+                               active)
+VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(owner_contact)s, %(secret)s,
+        %(description)s, %(active)s)
 RETURNING id;
 
 -- name: set_workspace_contacts
