@@ -51,3 +51,22 @@ CREATE INDEX api_audit_endpoint ON api_audit (endpoint_id, id) WHERE endpoint_id
 -- without this it would scan the whole attempt history. Attempts are
 -- insert-only, so the cost is one index entry per attempt.
 CREATE INDEX webhook_delivery_attempts_endpoint ON webhook_delivery_attempts (endpoint_id, started_at);
+
+-- Which secrets sign a delivery: the endpoint's own once it has one, else its
+-- workspace's; the previous one of whichever too while its rotation is
+-- younger than `grace` seconds (secrets.rotation_grace). Returns {current,
+-- previous-or-NULL}. The one rule, used by the claim (engine_claim) and the
+-- legacy flag-off path (legacy_signing_secrets); a plain SQL expression, so
+-- the planner inlines it into the claim.
+CREATE FUNCTION dispatcher_signing_secrets(endpoint_secret text, endpoint_previous text,
+                                           endpoint_rotated_at timestamptz, workspace_secret text,
+                                           workspace_previous text, workspace_rotated_at timestamptz,
+                                           grace float8) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN endpoint_secret IS NOT NULL
+                THEN ARRAY[endpoint_secret, CASE WHEN endpoint_rotated_at > now() - make_interval(secs => grace)
+                                                 THEN endpoint_previous END]
+                ELSE ARRAY[workspace_secret, CASE WHEN workspace_rotated_at > now() - make_interval(secs => grace)
+                                                  THEN workspace_previous END]
+           END
+$$;
