@@ -158,6 +158,9 @@ def test_create_returns_the_endpoints_own_secret_once_and_signs_with_it(world, m
     # Never again: not in a read, a list, the audit log, nor any log line.
     seen = [client.simulate_get(path, headers=bearer(token)).text for path in (
         f"/v2/webhooks/endpoints/{body['id']}", "/v2/webhooks/endpoints", "/v2/webhooks/audit")]
+    refused = client.simulate_patch(f"/v2/webhooks/endpoints/{body['id']}", headers=bearer(token),
+                                    json={"url": "ftp://acme.example.test/"})
+    seen.append(assert_problem(refused, 422)["detail"])
     assert all(secret not in text and secret[6:] not in text for text in seen)
     assert secret[6:] not in caplog.text
     # The engine signs this endpoint's rows with it (and with nothing else: no rotation yet).

@@ -222,7 +222,7 @@ UPDATE webhook_endpoints
 -- Rows leased to a worker (a request may be on the wire) are left to the
 -- engine, which ends them with the same reason if they need another attempt.
 UPDATE webhook_deliveries
-   SET status = 'failed', last_error = %(reason)s, finished_at = now(), next_attempt_at = now(),
+   SET status = 'failed', last_error = %(reason)s, finished_at = now(),
        locked_by = NULL, locked_until = NULL, claim_token = NULL
  WHERE endpoint_id = %(id)s AND status = 'pending' AND (locked_until IS NULL OR locked_until <= now())
 RETURNING id;
