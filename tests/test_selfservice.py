@@ -137,6 +137,25 @@ def test_list_shows_each_endpoint_with_the_breaker_rules_state_backlog_and_24h_s
     assert_problem(client.simulate_get("/v2/webhooks/endpoints"), 401)
 
 
+def test_the_operational_endpoint_is_not_the_customers_to_list_or_change(world, make_client) -> None:
+    client = make_client()
+    ws = world.workspace("acme")
+    mine = world.endpoint(ws)
+    (operational,) = world.sql("INSERT INTO webhook_endpoints (workspace_id, url, purpose)"
+                               " VALUES (%s, 'https://ops.example.test/n', 'operational') RETURNING id", (ws,))[0]
+    token = world.token(ws)
+    listed = client.simulate_get("/v2/webhooks/endpoints", headers=bearer(token)).json
+    assert [e["id"] for e in listed["data"]] == [mine]
+    path = f"/v2/webhooks/endpoints/{operational}"
+    for result in (client.simulate_get(path, headers=bearer(token)),
+                   client.simulate_patch(path, headers=bearer(token), json={"active": False}),
+                   client.simulate_delete(path, headers=bearer(token)),
+                   client.simulate_post(path + "/breaker/close", headers=bearer(token)),
+                   client.simulate_post(path + "/secret/rotate", headers=bearer(token))):
+        assert_problem(result, 404)
+    assert world.sql("SELECT active, secret FROM webhook_endpoints WHERE id = %s", (operational,)) == [(True, None)]
+
+
 # --- create --------------------------------------------------------------------------------------
 
 

@@ -173,7 +173,10 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- webhook_deliveries_due, the success rate its last 24 h of attempts
 -- (webhook_delivery_attempts_endpoint, 0010). Attempts labelled 'failed' are
 -- rows ended without a request (endpoint gone, event gone): not counted.
--- The secrets themselves are never selected here.
+-- The secrets themselves are never selected here. Only customer endpoints:
+-- the workspace's operational endpoint (migration 0011) is the notifier's,
+-- kept in step with workspaces.notify_webhook_url, and is not the customer's
+-- to list or change.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
        e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
        CASE WHEN e.previous_secret IS NOT NULL
@@ -199,16 +202,19 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
           FROM webhook_delivery_attempts a
          WHERE a.endpoint_id = e.id AND a.started_at > now() - interval '24 hours' AND a.result <> 'failed'
        ) r
- WHERE (%(workspace_id)s::text IS NULL OR e.workspace_id = %(workspace_id)s::text)
+ WHERE e.purpose = 'customer'
+   AND (%(workspace_id)s::text IS NULL OR e.workspace_id = %(workspace_id)s::text)
    AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
    AND (%(before_id)s::bigint IS NULL OR e.id < %(before_id)s::bigint)
  ORDER BY e.id DESC
  LIMIT %(limit)s;
 
 -- name: api_lock_endpoint
--- The endpoint a change applies to, locked until the change commits.
+-- The endpoint a change applies to, locked until the change commits (a
+-- customer endpoint: see api_endpoints).
 SELECT id, workspace_id, url, active, event_types, description FROM webhook_endpoints
- WHERE id = %(id)s AND (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
+ WHERE id = %(id)s AND purpose = 'customer'
+   AND (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
    FOR UPDATE;
 
 -- name: api_update_endpoint
