@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -126,10 +127,14 @@ def run_endpoint_action(config: Config, args: argparse.Namespace, conn: store.Co
         secret = new_secret()
         until = api_data.rotate_endpoint_secret(conn, None, args.id, secret, grace, token_id=None)
         print(secret)
-        print(f"the previous secret also signs until {until.isoformat()}", file=__import__("sys").stderr)
+        print(f"the previous secret also signs until {until.isoformat()}", file=sys.stderr)
         return ExitCode.OK
     print(json.dumps(_endpoint_json(config, api_data.endpoint_state(conn, None, args.id, grace)), indent=2))
     return ExitCode.OK
+
+
+def _when(value: Any) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def run_token_action(args: argparse.Namespace, conn: store.Connection) -> int:
@@ -138,10 +143,9 @@ def run_token_action(args: argparse.Namespace, conn: store.Connection) -> int:
         print(f"token {args.id} revoked")
         return ExitCode.OK
     rows = _all(lambda before: api_data.list_tokens(conn, args.workspace, before, _PAGE))
-    print(f"{'id':>8}  {'prefix':<12}  {'scopes':<28}  {'created':<20}  {'expires':<20}  {'last used':<20}  revoked")
+    print(f"{'id':>8}  {'prefix':<12}  {'scopes':<28}  {'created':<19}  {'expires':<19}  {'last used':<19}  revoked")
     for t in rows:
-        def when(key: str, row: dict[str, Any] = t) -> str:
-            return "-" if row[key] is None else row[key].strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{t['id']:>8}  {t['prefix'] or '(unknown)':<12}  {','.join(t['scopes']):<28}  {when('created_at'):<20}  "
-              f"{when('expires_at'):<20}  {when('last_used_at'):<20}  {when('revoked_at')}")
+        print(f"{t['id']:>8}  {t['prefix'] or '(unknown)':<12}  {','.join(t['scopes']):<28}  "
+              f"{_when(t['created_at']):<19}  {_when(t['expires_at']):<19}  {_when(t['last_used_at']):<19}  "
+              f"{_when(t['revoked_at'])}")
     return ExitCode.OK

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.policy import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED
 from dispatcher.store import (
     Audit,
     Connection,
@@ -268,8 +269,6 @@ def _locked_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: in
 def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, change: EndpointChange,
                     token_id: int | None) -> None:
     """Apply ``change``; deactivating ends the pending rows not in flight (``policy.ENDPOINT_DEACTIVATED``)."""
-    from dispatcher.policy import ENDPOINT_DEACTIVATED
-
     with _limit_reached(), transaction(conn):
         old = _locked_endpoint(conn, workspace_id, endpoint_id)
         active = old["active"] if change.active is None else change.active
@@ -286,8 +285,6 @@ def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int
 
 def delete_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None) -> None:
     """Delete the endpoint; its pending rows not in flight end ``policy.ENDPOINT_DELETED``."""
-    from dispatcher.policy import ENDPOINT_DELETED
-
     with transaction(conn):
         old = _locked_endpoint(conn, workspace_id, endpoint_id)
         ended = _end_pending(conn, endpoint_id, ENDPOINT_DELETED)
@@ -317,11 +314,11 @@ def rotate_endpoint_secret(conn: Connection, workspace_id: str | None, endpoint_
     """Make ``secret`` the endpoint's; returns until when the previous one also signs."""
     with transaction(conn):
         old = _locked_endpoint(conn, workspace_id, endpoint_id)
-        valid_until = run_query(conn, "api_rotate_endpoint_secret",
-                                {"id": endpoint_id, "secret": secret, "grace": grace})[0][0]
+        valid_until: datetime = run_query(conn, "api_rotate_endpoint_secret",
+                                          {"id": endpoint_id, "secret": secret, "grace": grace})[0][0]
         audit(conn, Audit(old["workspace_id"], token_id, "endpoint.secret_rotate", endpoint_id, (),
                           {"previous_valid_until": valid_until.isoformat()}))
-    return valid_until  # type: ignore[no-any-return]
+    return valid_until
 
 
 def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: datetime, until: datetime | None,
