@@ -8,20 +8,18 @@ started through their own entry points, which monkey-patch before any import.
 from __future__ import annotations
 
 import argparse
-import base64
-import logging
 import math
 import re
-import secrets
 import sys
 from collections.abc import Callable, Sequence
 
-from dispatcher import __version__, gate, rollout, store
+from dispatcher import __version__, gate, manage, rollout, store
 from dispatcher.config import Config, load_config
 from dispatcher.embedded import resolve_dsn
 from dispatcher.entry import run_command
 from dispatcher.exitcodes import ExitCode, UsageError
 from dispatcher.logsetup import quiet_libraries
+from dispatcher.signing import WeakSecret, check_strength, new_secret
 
 Command = Callable[[Config, argparse.Namespace], int]
 
@@ -105,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="requests per second to this endpoint, across the region (default: no limit)")
     add.add_argument("--owner", type=_owner, default=None, metavar="EMAIL",
                      help="gets this endpoint's breaker notices (default: the workspace's owner)")
+    manage.add_endpoint_parsers(endpoint, _event_types)
     status = commands.add_parser("status", help="the region at a glance, read from the database")
     status.add_argument("--json", action="store_true", help="a stable JSON document (docs/operations.md)")
     check = commands.add_parser("check", help="monitoring probe: Nagios exit codes 0 OK, 1 WARNING, 2 CRITICAL, "
@@ -114,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     tcreate = token.add_parser("create", help="create an API token; prints it once")
     tcreate.add_argument("--workspace", required=True)
     tcreate.add_argument("--scope", default="webhooks:read", help="comma-separated scopes")
+    tcreate.add_argument("--expires", type=manage.lifetime, default=None,
+                         help="lifetime, e.g. 90d or 12h; then every request with it gets 401 (default: none)")
+    manage.add_token_parsers(token)
     rollout.add_parsers(commands)
     gate.add_parser(commands)
     return parser
@@ -154,7 +156,13 @@ def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
         return rollout.cmd_flag(config, args)
     if args.action == "set":
         return _set_workspace_contacts(config, args)
-    secret = _given_secret(args) or "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
+    given = _given_secret(args)
+    if given is not None:
+        try:
+            check_strength(given)
+        except WeakSecret as exc:
+            raise UsageError(f"the given secret is refused: {exc}") from None
+    secret = new_secret() if given is None else given
     existed = store.create_workspace(_connect(config), args.id, secret, dict(args.flag))
     print(f"workspace {args.id} {'updated' if existed else 'created'}")
     return ExitCode.OK
@@ -162,14 +170,16 @@ def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
 
 def _check_url(config: Config, url: str, what: str) -> None:
     """The endpoint URL policy (https when required, the SSRF check), for every URL we will POST to."""
-    from dispatcher.netguard import BlockedURL, InvalidURL, OutboundPolicy, check_registration_url
+    from dispatcher.netguard import OutboundPolicy, registration_refusal
 
-    try:
-        check_registration_url(url, OutboundPolicy.from_config(config.http))
-    except (InvalidURL, BlockedURL) as exc:
-        # The customer's reason only: a registration error may be shown to them.
-        logging.getLogger("dispatcher.cli").debug("%s refused: %s", what, exc)
-        raise UsageError(f"{what} refused: {exc.public}") from None
+    refusal = registration_refusal(url, OutboundPolicy.from_config(config.http))
+    if refusal is not None:
+        raise UsageError(f"{what} refused: {refusal}")
+
+
+def _registrable(config: Config, url: str) -> str:
+    _check_url(config, url, "endpoint URL")
+    return url
 
 
 def _set_workspace_contacts(config: Config, args: argparse.Namespace) -> int:
@@ -184,8 +194,9 @@ def _set_workspace_contacts(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
-    _check_url(config, args.url, "endpoint URL")
-    endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events,
+    if args.action != "add":
+        return manage.run_endpoint_action(config, args, _connect(config), _registrable)
+    endpoint_id = store.add_endpoint(_connect(config), args.workspace, _registrable(config, args.url), args.events,
                                      max_per_second=args.max_per_second, owner_contact=args.owner)
     print(endpoint_id)
     return ExitCode.OK
@@ -194,7 +205,10 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
 def cmd_token(config: Config, args: argparse.Namespace) -> int:
     from dispatcher.api.auth import create_token
 
-    print(create_token(_connect(config), args.workspace, [s.strip() for s in args.scope.split(",") if s.strip()]))
+    if args.action != "create":
+        return manage.run_token_action(args, _connect(config))
+    scopes = [s.strip() for s in args.scope.split(",") if s.strip()]
+    print(create_token(_connect(config), args.workspace, scopes, expires_in=args.expires))
     return ExitCode.OK
 
 

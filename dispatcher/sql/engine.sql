@@ -135,16 +135,22 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
        -- (store/engine.py hands the same string to the others).  event_type
        -- still tells a missing event (NULL) from a shared payload.
        CASE WHEN c.nth = 1 THEN (c.ev).payload::text END AS payload,
-       (c.ep).url, (c.ep).active, (c.ws).secret,
-       CASE WHEN (c.ws).secret_rotated_at > now() - interval '24 hours' THEN (c.ws).previous_secret END
-           AS previous_secret,
+       (c.ep).url, (c.ep).active,
+       -- The endpoint's own secrets once it has them, else its workspace's
+       -- (dispatcher_signing_secrets, migration 0010).
+       (c.signing)[1] AS secret, (c.signing)[2] AS previous_secret,
        (c.ws).id AS workspace_id
-  FROM (SELECT claimed.*,
-               row_number() OVER (PARTITION BY claimed.event_id) AS nth,
-               (SELECT ev FROM events ev WHERE ev.id = claimed.event_id) AS ev,
-               (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
-               (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws
-          FROM claimed
+  FROM (SELECT c0.*,
+               dispatcher_signing_secrets((c0.ep).secret, (c0.ep).previous_secret, (c0.ep).secret_rotated_at,
+                                          (c0.ws).secret, (c0.ws).previous_secret, (c0.ws).secret_rotated_at,
+                                          %(grace)s::float8) AS signing
+          FROM (SELECT claimed.*,
+                       row_number() OVER (PARTITION BY claimed.event_id) AS nth,
+                       (SELECT ev FROM events ev WHERE ev.id = claimed.event_id) AS ev,
+                       (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
+                       (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws
+                  FROM claimed
+                OFFSET 0) c0
         OFFSET 0) c;
 
 -- name: engine_record

@@ -36,8 +36,10 @@ UPDATE workspaces
 RETURNING id;
 
 -- name: add_endpoint
-INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, owner_contact)
-VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(owner_contact)s)
+INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, owner_contact, secret, description,
+                               active)
+VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(owner_contact)s, %(secret)s,
+        %(description)s, %(active)s)
 RETURNING id;
 
 -- name: set_workspace_contacts
@@ -49,6 +51,16 @@ UPDATE workspaces
                                  ELSE nullif(%(notify_url)s::text, '') END
  WHERE id = %(id)s
 RETURNING id, owner_contact, notify_webhook_url;
+
+-- name: legacy_signing_secrets
+-- The flag-off path's signing secrets per target endpoint, by the claim's own
+-- rule (dispatcher_signing_secrets, migration 0010). Run after send_event, on
+-- the caller's connection, only when there are legacy POSTs to make.
+SELECT e.id,
+       dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
+                                  w.secret, w.previous_secret, w.secret_rotated_at, %(grace)s::float8) AS secrets
+  FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
+ WHERE e.id = ANY (%(ids)s::bigint[]);
 
 -- name: workspace_exists
 SELECT 1 FROM workspaces WHERE id = %(id)s;
