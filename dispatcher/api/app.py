@@ -28,6 +28,7 @@ from dispatcher.api.resources import (
     Deliveries,
     Delivery,
     Endpoint,
+    EndpointStats,
     EventDeliveries,
     Health,
     HealthCheck,
@@ -45,6 +46,8 @@ ROUTES: tuple[tuple[str, type], ...] = (
     ("/v2/webhooks/deliveries/{delivery_id}", Delivery),
     ("/v2/webhooks/deliveries/{delivery_id}/replay", Replay),
     ("/v2/events/{event_id}/deliveries", EventDeliveries),
+    # A literal segment wins over a field in Falcon's router: "stats" is never an endpoint id.
+    ("/v2/webhooks/endpoints/stats", EndpointStats),
     ("/v2/webhooks/endpoints/{endpoint_id}", Endpoint),
     ("/v2/webhooks/endpoints/{endpoint_id}/recover", Recover),
 )

@@ -188,3 +188,34 @@ SELECT d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash, 0, 'pending', 
  WHERE d.id = ANY (%(ids)s::bigint[]) AND d.workspace_id = %(workspace_id)s
  ORDER BY d.id
 RETURNING id;
+
+-- name: api_clock
+-- The database's now(), stable for the rest of the transaction.
+SELECT now() AS now;
+
+-- name: api_endpoint_stats
+-- Per endpoint of the workspace (active or not): the attempts that went on
+-- the wire in [since, until), per bucket of bucket_seconds and in total (the
+-- bucket IS NULL row, which also exists for an endpoint with no attempts).
+-- An attempt went on the wire when it got a status code or failed with one
+-- of the transport errors the breaker counts (policy.RETRYABLE_ERRORS, passed
+-- in): shadow rows (delivered unsent, no status), rows that could never be
+-- sent and URLs the outbound policy blocked say nothing about the endpoint's
+-- health, as for the breaker.  Served by webhook_delivery_attempts_endpoint_time
+-- (0012), one index range per endpoint.
+SELECT e.id AS endpoint_id, s.bucket, s.attempts, s.succeeded, s.p95_ms
+  FROM webhook_endpoints e
+ CROSS JOIN LATERAL (
+        SELECT floor(extract(epoch FROM a.started_at - %(since)s::timestamptz)
+                     / %(bucket_seconds)s::float8)::int AS bucket,
+               count(*) AS attempts,
+               count(*) FILTER (WHERE a.result = 'delivered') AS succeeded,
+               percentile_disc(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95_ms
+          FROM webhook_delivery_attempts a
+         WHERE a.endpoint_id = e.id
+           AND a.started_at >= %(since)s::timestamptz AND a.started_at < %(until)s::timestamptz
+           AND (a.status_code IS NOT NULL OR a.result = ANY (%(sent_errors)s::text[]))
+         GROUP BY GROUPING SETS ((bucket), ())
+       ) s
+ WHERE e.workspace_id = %(workspace_id)s
+ ORDER BY e.id, s.bucket NULLS FIRST;

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from dispatcher.policy import RETRYABLE_ERRORS
 from dispatcher.store import Connection, NotFound, StoreError, query_rows, run_query, transaction
 
 if TYPE_CHECKING:
@@ -48,6 +49,16 @@ class DeliveryFilter:
 class RecoverResult:
     queued: int
     units: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsWindow:
+    """The rows of ``api_endpoint_stats`` and the window they cover (database clock)."""
+
+    since: datetime
+    until: datetime
+    bucket_seconds: float
+    rows: list[Row]
 
 
 def session_setup(conn: Connection, statement_timeout_ms: int) -> None:
@@ -211,3 +222,17 @@ def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: dateti
         _charge(conn, workspace_id, units, budget)
         queued = len(run_query(conn, "api_recover_insert", {"ids": ids, "workspace_id": workspace_id}))
     return RecoverResult(queued=queued, units=units)
+
+
+def endpoint_stats(conn: Connection, workspace_id: str, window_seconds: int, buckets: int) -> StatsWindow:
+    """Each endpoint's attempts of the last ``window_seconds``, in ``buckets`` equal buckets and in total."""
+    with transaction(conn):
+        until = query_rows(conn, "api_clock")[0]["now"]
+        since = until - timedelta(seconds=window_seconds)
+        bucket_seconds = window_seconds / buckets
+        rows = query_rows(conn, "api_endpoint_stats", {
+            "workspace_id": workspace_id, "since": since, "until": until, "bucket_seconds": bucket_seconds,
+            # The transport failures the breaker counts: those attempts reached
+            # for the endpoint; blocked or never-sendable ones did not.
+            "sent_errors": sorted(RETRYABLE_ERRORS)})
+    return StatsWindow(since, until, bucket_seconds, rows)
