@@ -8,20 +8,18 @@ started through their own entry points, which monkey-patch before any import.
 from __future__ import annotations
 
 import argparse
-import base64
-import logging
 import math
 import re
-import secrets
 import sys
 from collections.abc import Callable, Sequence
 
-from dispatcher import __version__, gate, rollout, store
+from dispatcher import __version__, gate, manage, rollout, store
 from dispatcher.config import Config, load_config
 from dispatcher.embedded import resolve_dsn
 from dispatcher.entry import run_command
 from dispatcher.exitcodes import ExitCode, UsageError
 from dispatcher.logsetup import quiet_libraries
+from dispatcher.signing import WeakSecret, check_strength, new_secret
 
 Command = Callable[[Config, argparse.Namespace], int]
 
@@ -82,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
     add.add_argument("--max-per-second", type=_per_second, default=None,
                      help="requests per second to this endpoint, across the region (default: no limit)")
+    manage.add_endpoint_parsers(endpoint, _event_types)
     status = commands.add_parser("status", help="the region at a glance, read from the database")
     status.add_argument("--json", action="store_true", help="a stable JSON document (docs/operations.md)")
     check = commands.add_parser("check", help="monitoring probe: Nagios exit codes 0 OK, 1 WARNING, 2 CRITICAL, "
@@ -91,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     tcreate = token.add_parser("create", help="create an API token; prints it once")
     tcreate.add_argument("--workspace", required=True)
     tcreate.add_argument("--scope", default="webhooks:read", help="comma-separated scopes")
+    tcreate.add_argument("--expires", type=manage.lifetime, default=None,
+                         help="lifetime, e.g. 90d or 12h; then every request with it gets 401 (default: none)")
+    manage.add_token_parsers(token)
     rollout.add_parsers(commands)
     gate.add_parser(commands)
     return parser
@@ -129,22 +131,31 @@ def _given_secret(args: argparse.Namespace) -> str | None:
 def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
     if args.action == "flag":
         return rollout.cmd_flag(config, args)
-    secret = _given_secret(args) or "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode("ascii")
+    given = _given_secret(args)
+    if given is not None:
+        try:
+            check_strength(given)
+        except WeakSecret as exc:
+            raise UsageError(f"the given secret is refused: {exc}") from None
+    secret = new_secret() if given is None else given
     existed = store.create_workspace(_connect(config), args.id, secret, dict(args.flag))
     print(f"workspace {args.id} {'updated' if existed else 'created'}")
     return ExitCode.OK
 
 
-def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.netguard import BlockedURL, InvalidURL, OutboundPolicy, check_registration_url
+def _registrable(config: Config, url: str) -> str:
+    from dispatcher.netguard import OutboundPolicy, registration_refusal
 
-    try:
-        check_registration_url(args.url, OutboundPolicy.from_config(config.http))
-    except (InvalidURL, BlockedURL) as exc:
-        # The customer's reason only: a registration error may be shown to them.
-        logging.getLogger("dispatcher.cli").debug("endpoint URL refused: %s", exc)
-        raise UsageError(f"endpoint URL refused: {exc.public}") from None
-    endpoint_id = store.add_endpoint(_connect(config), args.workspace, args.url, args.events,
+    refusal = registration_refusal(url, OutboundPolicy.from_config(config.http))
+    if refusal is not None:
+        raise UsageError(f"endpoint URL refused: {refusal}")
+    return url
+
+
+def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
+    if args.action != "add":
+        return manage.run_endpoint_action(config, args, _connect(config), _registrable)
+    endpoint_id = store.add_endpoint(_connect(config), args.workspace, _registrable(config, args.url), args.events,
                                      max_per_second=args.max_per_second)
     print(endpoint_id)
     return ExitCode.OK
@@ -153,7 +164,10 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
 def cmd_token(config: Config, args: argparse.Namespace) -> int:
     from dispatcher.api.auth import create_token
 
-    print(create_token(_connect(config), args.workspace, [s.strip() for s in args.scope.split(",") if s.strip()]))
+    if args.action != "create":
+        return manage.run_token_action(args, _connect(config))
+    scopes = [s.strip() for s in args.scope.split(",") if s.strip()]
+    print(create_token(_connect(config), args.workspace, scopes, expires_in=args.expires))
     return ExitCode.OK
 
 

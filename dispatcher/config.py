@@ -25,6 +25,7 @@ import yaml
 from dispatcher.breaker import BreakerPolicy
 from dispatcher.health import BacklogRule, FleetRule
 from dispatcher.policy import RetryPolicies, RetryPolicy
+from dispatcher.signing import ROTATION_GRACE
 
 # The retry and breaker settings default to the policies' own values, declared once there.
 _RETRY_DEFAULTS = RetryPolicy()
@@ -369,6 +370,12 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True)
+class SecretsConfig:
+    rotation_grace: float = setting(ROTATION_GRACE, parse_duration,
+                                    "after a secret rotation, how long the previous secret also signs every delivery")
+
+
+@dataclass(frozen=True)
 class Config:
     region: str = setting("local", _region, "region name; each region runs its own dispatchers and database (Q4)")
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
@@ -385,6 +392,7 @@ class Config:
     api: ApiConfig = field(default_factory=ApiConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     notifier: NotifierConfig = field(default_factory=NotifierConfig)
+    secrets: SecretsConfig = field(default_factory=SecretsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     source: str = field(default="<defaults>", compare=False)
 

@@ -19,7 +19,15 @@ from dispatcher.breaker import BreakerSignal
 from dispatcher.config import Config
 from dispatcher.message import delivery_headers, event_body, signing_keys
 from dispatcher.netguard import OutboundPolicy
-from dispatcher.policy import Outcome, RetryPolicies, Verdict, classify, terminal
+from dispatcher.policy import (
+    ENDPOINT_DEACTIVATED,
+    ENDPOINT_DELETED,
+    Outcome,
+    RetryPolicies,
+    Verdict,
+    classify,
+    terminal,
+)
 from dispatcher.redact import excerpt, scrub
 from dispatcher.signing import InvalidSecret
 from dispatcher.store.engine import AttemptRecord, ClaimedRow
@@ -109,9 +117,9 @@ class DeliveryMaker:
     def _send(self, row: ClaimedRow) -> TransportResult | Outcome:
         """The transport's result, or the outcome of a row that is not sent."""
         if row.url is None:
-            return terminal("endpoint deleted")
+            return terminal(ENDPOINT_DELETED)
         if not row.active:
-            return terminal("endpoint deactivated")
+            return terminal(ENDPOINT_DEACTIVATED)
         if row.event_type is None or row.payload is None:
             return terminal("event not found")
         # Only shadow rows are ever marked delivered without a POST; dry_run
@@ -121,7 +129,10 @@ class DeliveryMaker:
         try:
             keys = signing_keys([s for s in (row.secret, row.previous_secret) if s])
         except InvalidSecret as exc:
-            return terminal(f"workspace secret unusable: {exc}")
+            return terminal(f"signing secret unusable: {exc}")
+        if not keys or not all(keys):
+            # An empty key would still make a "signature" anyone can forge; never send unsigned.
+            return terminal("signing secret unusable: it is empty; nothing is sent unsigned")
         body = event_body(row.event_id, row.event_type, row.workspace_id or "", row.sequence,
                           row.occurred_at or "", row.payload)
         headers = delivery_headers(row.event_id, row.attempt, int(time.time()), body, keys)

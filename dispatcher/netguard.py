@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
@@ -57,8 +58,11 @@ __all__ = [
     "check_registration_url",
     "is_denied",
     "parse_target",
+    "registration_refusal",
     "resolve_checked",
 ]
+
+log = logging.getLogger("dispatcher.netguard")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -445,3 +449,17 @@ def check_registration_url(url: str, policy: OutboundPolicy, resolver: Resolver 
         with contextlib.suppress(DnsError):
             resolve_checked(target.host, target.port, policy, resolver)
     return target
+
+
+def registration_refusal(url: str, policy: OutboundPolicy) -> str | None:
+    """Why ``url`` may not be registered, in the customer's words, or None if it may.
+
+    The one registration check of the CLI (``endpoint add``/``update``) and the
+    API (create, PATCH): the operator's detail goes to the debug log only.
+    """
+    try:
+        check_registration_url(url, policy)
+    except (InvalidURL, BlockedURL) as exc:
+        log.debug("endpoint URL refused: %s", exc)
+        return exc.public
+    return None

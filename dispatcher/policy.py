@@ -354,6 +354,12 @@ def _clip(text: str) -> str:
     return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 1] + "…"
 
 
+# Why a row ends without a request: written by the engine (terminal) and by
+# the API/CLI when an endpoint is deactivated or deleted (store.api_data).
+ENDPOINT_DELETED = "endpoint deleted"
+ENDPOINT_DEACTIVATED = "endpoint deactivated"
+
+
 def terminal(reason: str) -> Outcome:
     """The outcome for a row that can never be sent (endpoint gone, event missing).
 

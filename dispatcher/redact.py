@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import re
+import urllib.parse
 from collections.abc import Iterable
 from typing import overload
 
@@ -184,3 +185,29 @@ def _decode(body: bytes, chars: int) -> str:
     if codec == "utf-8":
         return body[:chars].decode("utf-8", errors="replace")
     return body[: 2 * chars + 2].decode(codec, errors="replace")[:chars]
+
+
+MASKED_PART = "***"
+
+
+def mask_url(url: str) -> str:
+    """An endpoint URL as a read-only token (and the console) sees it: scheme,
+    host and port kept; userinfo dropped; every path segment, the query and
+    the fragment masked.  Endpoint URLs often carry credentials (Slack-style
+    paths, ``user:pass@``), so only a token that may change the URL sees it whole.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return MASKED_PART
+    if not parts.scheme or not host:
+        return MASKED_PART
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    segments = [segment for segment in parts.path.split("/") if segment]
+    path = "/" + "/".join(MASKED_PART for _ in segments) if segments else parts.path
+    query = "?" + MASKED_PART if parts.query else ""
+    fragment = "#" + MASKED_PART if parts.fragment else ""
+    return f"{parts.scheme}://{netloc}{path}{query}{fragment}"

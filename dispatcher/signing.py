@@ -17,13 +17,45 @@ import base64
 import functools
 import hashlib
 import hmac
+import secrets
 from collections.abc import Iterable
 
 SECRET_PREFIX = "whsec_"
+# Every secret a customer or operator sets carries at least this many key
+# bytes (issue 12): whsec_ with 24 bytes of base64 is the weakest accepted.
+MIN_SECRET_BYTES = 24
+# Secrets this module makes carry 32 random bytes (Svix's size).
+NEW_SECRET_BYTES = 32
+# How long, by default, the previous secret also signs after a rotation
+# (the setting secrets.rotation_grace).
+ROTATION_GRACE = 24 * 3600.0
 
 
 class InvalidSecret(ValueError):
     """A ``whsec_`` secret whose key part is not valid base64."""
+
+
+class WeakSecret(ValueError):
+    """A secret refused where one is set: empty, undecodable or shorter than MIN_SECRET_BYTES."""
+
+
+def new_secret() -> str:
+    """A fresh random ``whsec_`` secret."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(NEW_SECRET_BYTES)).decode("ascii")
+
+
+def check_strength(secret: str) -> None:
+    """Raise WeakSecret unless ``secret`` yields at least MIN_SECRET_BYTES key bytes.
+
+    The message never quotes the secret: it may reach a terminal or a log.
+    """
+    try:
+        key = secret_key(secret)
+    except InvalidSecret:
+        raise WeakSecret("the secret starts with whsec_ but the rest is not valid base64") from None
+    if len(key) < MIN_SECRET_BYTES:
+        what = "base64-decoded bytes after whsec_" if secret.startswith(SECRET_PREFIX) else "bytes"
+        raise WeakSecret(f"the secret is too weak: {len(key)} {what}, at least {MIN_SECRET_BYTES} are required")
 
 
 def secret_key(secret: str) -> bytes:

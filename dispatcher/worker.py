@@ -144,7 +144,8 @@ class Worker:
                 continue
             try:
                 rows = self._claims.claim(self.owner, want, workers.per_endpoint_concurrency,
-                                          self._busy_endpoints(), self._cursor, workers.lease)
+                                          self._busy_endpoints(), self._cursor, workers.lease,
+                                          self.config.secrets.rotation_grace)
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 backoff.wait(self._stopping)

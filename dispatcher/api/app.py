@@ -24,10 +24,13 @@ from dispatcher.api.pool import ConnectionPool
 from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.api.resources import (
     ApiContext,
+    AuditLog,
+    BreakerClose,
     Console,
     Deliveries,
     Delivery,
     Endpoint,
+    Endpoints,
     EndpointStats,
     EventDeliveries,
     Health,
@@ -35,8 +38,11 @@ from dispatcher.api.resources import (
     OpenApi,
     Recover,
     Replay,
+    SecretRotate,
+    Tokens,
 )
 from dispatcher.config import Config
+from dispatcher.netguard import OutboundPolicy
 
 ROUTES: tuple[tuple[str, type], ...] = (
     ("/healthz", Health),
@@ -50,6 +56,11 @@ ROUTES: tuple[tuple[str, type], ...] = (
     ("/v2/webhooks/endpoints/stats", EndpointStats),
     ("/v2/webhooks/endpoints/{endpoint_id}", Endpoint),
     ("/v2/webhooks/endpoints/{endpoint_id}/recover", Recover),
+    ("/v2/webhooks/endpoints", Endpoints),
+    ("/v2/webhooks/endpoints/{endpoint_id}/breaker/close", BreakerClose),
+    ("/v2/webhooks/endpoints/{endpoint_id}/secret/rotate", SecretRotate),
+    ("/v2/webhooks/tokens", Tokens),
+    ("/v2/webhooks/audit", AuditLog),
 )
 
 
@@ -91,7 +102,8 @@ def create_app(config: Config, dsn: str) -> DispatcherApp:
     console = _asset("console.html")
     ctx = ApiContext(config=api, pool=pool,
                      replay_budget=ReplayBudget(api.replays_per_hour, region_per_hour=api.region_replays_per_hour),
-                     breaker=config.breaker.policy(), openapi=_asset("openapi.json"), console=console,
+                     breaker=config.breaker.policy(), outbound=OutboundPolicy.from_config(config.http),
+                     secret_grace=config.secrets.rotation_grace, openapi=_asset("openapi.json"), console=console,
                      console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),
                      health=HealthCheck(pool))
     app = DispatcherApp(media_type=falcon.MEDIA_JSON)

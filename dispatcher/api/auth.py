@@ -35,6 +35,12 @@ _TOKEN_SHAPE = re.compile(re.escape(TOKEN_PREFIX) + r"[A-Za-z0-9_-]+")
 # unguessable, so it is never in here unless someone held the token already.
 UNKNOWN_TOKEN_TTL = 10.0
 UNKNOWN_TOKEN_ENTRIES = 10000
+# A token's last_used_at is written at most this often (seconds): one write
+# per token per minute, not one per request (the lookup reads it anyway).
+LAST_USED_EVERY = 60.0
+# `token list` and GET /v2/webhooks/tokens show this many leading characters:
+# dsp_ plus 8 random ones, enough to tell tokens apart, far from enough to guess one.
+PREFIX_CHARS = 12
 
 
 class Unauthenticated(Exception):
@@ -49,19 +55,24 @@ class Forbidden(Exception):
 class Principal:
     workspace_id: str
     scopes: frozenset[str]
+    token_id: int
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def create_token(conn: store.Connection, workspace: str, scopes: Sequence[str]) -> str:
-    """Store a new token's hash for ``workspace`` and return the token (shown once)."""
+def create_token(conn: store.Connection, workspace: str, scopes: Sequence[str],
+                 expires_in: float | None = None) -> str:
+    """Store a new token's hash for ``workspace`` and return the token (shown once).
+    ``expires_in``: seconds until it stops working (None: never)."""
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise UsageError(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; use {', '.join(SCOPES)}")
+    if expires_in is not None and not expires_in > 0:
+        raise UsageError("a token's lifetime must be positive")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    api_data.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)))
+    api_data.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)), token[:PREFIX_CHARS], expires_in)
     return token
 
 
@@ -115,11 +126,11 @@ class UnknownTokens:
 def authenticate(conn: store.Connection, token: str, scope: str, unknown: UnknownTokens) -> Principal:
     """The principal of ``token`` holding ``scope``; the caller checked ``unknown`` before taking ``conn``."""
     token_sha256 = hash_token(token)
-    found = api_data.lookup_token(conn, token_sha256)
+    found = api_data.lookup_token(conn, token_sha256, LAST_USED_EVERY)
     if found is None:
         unknown.remember(token_sha256)
         raise Unauthenticated("the bearer token is not valid")
-    principal = Principal(workspace_id=found[0], scopes=found[1])
+    principal = Principal(workspace_id=found.workspace_id, scopes=found.scopes, token_id=found.id)
     if scope not in principal.scopes:
         raise Forbidden(f"this token lacks the {scope} scope")
     return principal

@@ -16,6 +16,7 @@ from typing import Any
 import falcon
 
 from dispatcher.api.problems import Problem, bad_request, not_found
+from dispatcher.netguard import MAX_URL_LENGTH as MAX_URL_CHARS
 
 MAX_ID = 2**63 - 1  # bigint
 MAX_EVENT_ID_CHARS = 255
@@ -186,3 +187,51 @@ def discard_body(req: falcon.Request, max_bytes: int) -> None:
     """Bodyless routes still bound what a client may send them."""
     if req.content_length is not None and req.content_length > max_bytes:
         raise Problem(413, "body-too-large", "Body too large", f"request bodies are limited to {max_bytes} bytes")
+
+
+MAX_DESCRIPTION_CHARS = 500
+MAX_EVENT_TYPES = 100
+MAX_EVENT_TYPE_CHARS = 200
+_ENDPOINT_FIELDS = ("url", "event_types", "description", "active")
+
+
+def _text(value: Any, name: str, max_chars: int) -> str:
+    # NUL is refused here: Postgres text cannot hold it (it would surface as a 500).
+    if not isinstance(value, str) or not value or len(value) > max_chars or "\x00" in value:
+        raise bad_request(f"{name} must be a string of 1 to {max_chars} characters without NUL")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape
+        raise bad_request(f"{name} is not valid Unicode text") from None
+    return value
+
+
+def endpoint_fields(body: Any, creating: bool) -> dict[str, Any]:
+    """The checked fields of an endpoint create (``url`` required) or PATCH (at least one field)."""
+    if not isinstance(body, dict):
+        raise bad_request('the body must be a JSON object like {"url": "https://example.com/hook"}')
+    unknown = sorted(set(body) - set(_ENDPOINT_FIELDS))
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(repr(n[:40]) for n in unknown[:5])}; "
+                          f"this route takes {', '.join(_ENDPOINT_FIELDS)}")
+    if creating and "url" not in body:
+        raise bad_request("url is required")
+    if not body:
+        raise bad_request(f"give at least one of {', '.join(_ENDPOINT_FIELDS)}")
+    fields: dict[str, Any] = {}
+    if "url" in body:
+        fields["url"] = _text(body["url"], "url", MAX_URL_CHARS)
+    if "event_types" in body:
+        types = body["event_types"]
+        if not isinstance(types, list) or len(types) > MAX_EVENT_TYPES:
+            raise bad_request(f"event_types must be a list of at most {MAX_EVENT_TYPES} strings")
+        fields["event_types"] = [_text(item, "each event type", MAX_EVENT_TYPE_CHARS) for item in types]
+    if "description" in body:
+        described = body["description"]
+        fields["description"] = None if described is None else _text(described, "description",
+                                                                      MAX_DESCRIPTION_CHARS)
+    if "active" in body:
+        if not isinstance(body["active"], bool):
+            raise bad_request("active must be true or false")
+        fields["active"] = body["active"]
+    return fields

@@ -89,6 +89,12 @@ def handle_conflict(req: falcon.Request, resp: falcon.Response, exc: Exception, 
     raise Problem(409, "conflict", "Conflict", str(exc))
 
 
+def handle_limit_reached(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                         params: dict[str, Any]) -> None:
+    raise Problem(409, "endpoint-limit", "Endpoint limit reached",
+                  f"{exc}; deactivate or delete one before adding or activating another")
+
+
 def handle_replay_limited(req: falcon.Request, resp: falcon.Response, exc: Exception,
                           params: dict[str, Any]) -> None:
     assert isinstance(exc, ReplayLimited)
@@ -124,6 +130,7 @@ HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
     (Exception, handle_bug),
     (store.NotFound, handle_not_found),
     (api_data.Conflict, handle_conflict),
+    (store.LimitReached, handle_limit_reached),
     (ReplayLimited, handle_replay_limited),
     (store.DatabaseUnavailable, handle_unavailable),
 )

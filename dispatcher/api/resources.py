@@ -26,6 +26,9 @@ from dispatcher.api.problems import Problem, bad_request, not_found, unprocessab
 from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.config import ApiConfig
+from dispatcher.netguard import OutboundPolicy, registration_refusal
+from dispatcher.redact import mask_url
+from dispatcher.signing import new_secret
 from dispatcher.store import Connection, api_data
 
 # /healthz answers from a ping at most this old: a flood of probes costs one
@@ -39,6 +42,8 @@ class ApiContext:
     pool: ConnectionPool
     replay_budget: ReplayBudget
     breaker: BreakerPolicy
+    outbound: OutboundPolicy
+    secret_grace: float
     openapi: bytes
     console: bytes
     console_csp: str
@@ -101,11 +106,12 @@ def delivery_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def _page(rows: list[dict[str, Any]], limit: int,
+          shape: Callable[[dict[str, Any]], dict[str, Any]] = delivery_json) -> dict[str, Any]:
     # One extra row was fetched only to learn whether another page exists.
     more = len(rows) > limit
     rows = rows[:limit]
-    return {"data": [delivery_json(r) for r in rows],
+    return {"data": [shape(r) for r in rows],
             "next_cursor": params.encode_cursor(rows[-1]["id"]) if more else None}
 
 
@@ -152,7 +158,7 @@ class Replay:
         with session(self.ctx, req, auth.WRITE) as (conn, who):
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            row = api_data.replay(conn, who.workspace_id, ident, self.ctx.replay_budget)
+            row = api_data.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
         resp.media = delivery_json(row)
@@ -182,24 +188,76 @@ def breaker_state(row: dict[str, Any], policy: BreakerPolicy) -> str:
     return policy.shown_state(breaker, row["db_now"])
 
 
-def endpoint_json(row: dict[str, Any], policy: BreakerPolicy) -> dict[str, Any]:
+def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -> dict[str, Any]:
+    """The public shape of an endpoint.  ``whole_url``: the token may write, so it sees the URL unmasked."""
     age = row["oldest_pending_age_seconds"]
+    attempts, delivered = int(row["attempts_24h"]), int(row["delivered_24h"])
     return {
-        "id": row["id"], "url": row["url"], "active": row["active"],
+        "id": row["id"], "url": row["url"] if whole_url else mask_url(row["url"]), "url_masked": not whole_url,
+        "active": row["active"], "description": row["description"],
         "event_types": list(row["event_types"] or []), "created_at": _ts(row["created_at"]),
         "max_per_second": row["max_per_second"],
+        "signing": {"secret": "endpoint" if row["own_secret"] else "workspace",
+                    "rotated_at": _ts(row["secret_rotated_at"]),
+                    "previous_valid_until": _ts(row["previous_valid_until"])},
         "breaker": {"state": breaker_state(row, policy), "consecutive_failures": row["consecutive_failures"],
                     "open_until": _ts(row["open_until"]), "opened_at": _ts(row["opened_at"])},
         "pending": {"count": row["pending_count"], "oldest_created_at": _ts(row["oldest_pending_at"]),
                     "oldest_age_seconds": None if age is None else max(0.0, round(float(age), 3))},
+        "success_rate_24h": {"attempts": attempts, "delivered": delivered,
+                             "rate": round(delivered / attempts, 4) if attempts else None},
         "last_success_at": _ts(row["last_success_at"]),
         "last_failure_at": _ts(row["last_failure_at"]),
         "last_error": row["last_error"],
     }
 
 
+def _shown_endpoint(ctx: ApiContext, conn: Connection, who: auth.Principal, ident: int) -> dict[str, Any]:
+    row = api_data.endpoint_state(conn, who.workspace_id, ident, ctx.secret_grace)
+    return endpoint_json(row, ctx.breaker, auth.WRITE in who.scopes)
+
+
+class Endpoints:
+    """GET /v2/webhooks/endpoints (list) and POST (create)."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            params.only(req, "limit", "cursor")
+            limit, before = params.limit(req), params.cursor(req)
+            rows = api_data.endpoints(conn, who.workspace_id, self.ctx.secret_grace, before, limit + 1)
+        whole = auth.WRITE in who.scopes
+        resp.media = _page(rows, limit, lambda row: endpoint_json(row, self.ctx.breaker, whole))
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        who = principal(self.ctx, req, auth.WRITE)
+        params.only(req)
+        # Body and URL are checked before a connection is taken (the URL check may resolve DNS).
+        body = params.endpoint_fields(params.json_body(req, self.ctx.config.max_body_bytes), creating=True)
+        _check_url(self.ctx, body.get("url"))
+        secret = new_secret()
+        new = store.NewEndpoint(url=body["url"], event_types=body.get("event_types", ()), secret=secret,
+                                description=body.get("description"), active=body.get("active", True))
+        with self.ctx.pool.connection() as conn:
+            ident = store.register_endpoint(conn, who.workspace_id, new, who.token_id)
+            shown = _shown_endpoint(self.ctx, conn, who, ident)
+        resp.status = falcon.HTTP_201
+        resp.location = f"/v2/webhooks/endpoints/{ident}"
+        resp.media = {**shown, "secret": secret}
+
+
+def _check_url(ctx: ApiContext, url: str | None) -> None:
+    if url is None:
+        return
+    refusal = registration_refusal(url, ctx.outbound)
+    if refusal is not None:
+        raise unprocessable(f"endpoint URL refused: {refusal}")
+
+
 class Endpoint:
-    """GET /v2/webhooks/endpoints/{endpoint_id}: configuration, breaker and backlog."""
+    """GET, PATCH and DELETE /v2/webhooks/endpoints/{endpoint_id}."""
 
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
@@ -208,8 +266,100 @@ class Endpoint:
         with session(self.ctx, req, auth.READ) as (conn, who):
             ident = params.path_id(endpoint_id, "endpoint")
             params.only(req)
-            row = api_data.endpoint_state(conn, who.workspace_id, ident)
-        resp.media = endpoint_json(row, self.ctx.breaker)
+            resp.media = _shown_endpoint(self.ctx, conn, who, ident)
+
+    def on_patch(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        who = principal(self.ctx, req, auth.WRITE)
+        ident = params.path_id(endpoint_id, "endpoint")
+        params.only(req)
+        body = params.endpoint_fields(params.json_body(req, self.ctx.config.max_body_bytes), creating=False)
+        _check_url(self.ctx, body.get("url"))
+        change = api_data.EndpointChange(url=body.get("url"), event_types=body.get("event_types"),
+                                         active=body.get("active"), description=body.get("description"),
+                                         set_description="description" in body)
+        with self.ctx.pool.connection() as conn:
+            api_data.update_endpoint(conn, who.workspace_id, ident, change, who.token_id)
+            resp.media = _shown_endpoint(self.ctx, conn, who, ident)
+
+    def on_delete(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        params.discard_body(req, self.ctx.config.max_body_bytes)
+        with session(self.ctx, req, auth.WRITE) as (conn, who):
+            ident = params.path_id(endpoint_id, "endpoint")
+            params.only(req)
+            api_data.delete_endpoint(conn, who.workspace_id, ident, who.token_id)
+        resp.status = falcon.HTTP_204
+
+
+class BreakerClose:
+    """POST /v2/webhooks/endpoints/{endpoint_id}/breaker/close: an operator-style reset."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        params.discard_body(req, self.ctx.config.max_body_bytes)
+        with session(self.ctx, req, auth.WRITE) as (conn, who):
+            ident = params.path_id(endpoint_id, "endpoint")
+            params.only(req)
+            api_data.close_breaker(conn, who.workspace_id, ident, who.token_id)
+            resp.media = _shown_endpoint(self.ctx, conn, who, ident)
+
+
+class SecretRotate:
+    """POST /v2/webhooks/endpoints/{endpoint_id}/secret/rotate: a new secret, returned this once."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        params.discard_body(req, self.ctx.config.max_body_bytes)
+        with session(self.ctx, req, auth.WRITE) as (conn, who):
+            ident = params.path_id(endpoint_id, "endpoint")
+            params.only(req)
+            secret = new_secret()
+            until = api_data.rotate_endpoint_secret(conn, who.workspace_id, ident, secret, self.ctx.secret_grace,
+                                                    who.token_id)
+        resp.media = {"endpoint_id": ident, "secret": secret, "previous_valid_until": until.isoformat()}
+
+
+def token_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A token as its workspace sees it: never the token or its hash."""
+    return {"id": row["id"], "prefix": row["prefix"], "scopes": list(row["scopes"]),
+            "created_at": _ts(row["created_at"]), "expires_at": _ts(row["expires_at"]),
+            "last_used_at": _ts(row["last_used_at"]), "revoked_at": _ts(row["revoked_at"])}
+
+
+class Tokens:
+    """GET /v2/webhooks/tokens: the workspace's own tokens, newest first."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            params.only(req, "limit", "cursor")
+            limit, before = params.limit(req), params.cursor(req)
+            rows = api_data.list_tokens(conn, who.workspace_id, before, limit + 1)
+        resp.media = _page(rows, limit, token_json)
+
+
+def audit_json(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "at": _ts(row["at"]), "token_id": row["token_id"], "action": row["action"],
+            "endpoint_id": row["endpoint_id"], "delivery_ids": list(row["delivery_ids"]), "detail": row["detail"]}
+
+
+class AuditLog:
+    """GET /v2/webhooks/audit: the workspace's audit entries, newest first."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            params.only(req, "endpoint_id", "limit", "cursor")
+            endpoint_id, limit, before = params.query_int(req, "endpoint_id"), params.limit(req), params.cursor(req)
+            rows = api_data.list_audit(conn, who.workspace_id, endpoint_id, before, limit + 1)
+        resp.media = _page(rows, limit, audit_json)
 
 
 def _rate(succeeded: int, attempts: int) -> float | None:
@@ -288,7 +438,8 @@ class Recover:
         # upload holds a greenlet, never one of the pool's few connections.
         since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
         with self.ctx.pool.connection() as conn:
-            result = api_data.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget)
+            result = api_data.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget,
+                                      who.token_id)
         resp.status = falcon.HTTP_202
         resp.media = {"endpoint_id": ident, "queued": result.queued, "replay_units": result.units,
                       "since": since.isoformat(), "until": _ts(until)}

@@ -14,13 +14,45 @@ SELECT set_config('statement_timeout', %(statement_timeout)s, false),
 SELECT 1;
 
 -- name: api_insert_token
-INSERT INTO api_tokens (token_sha256, workspace_id, scopes)
-SELECT %(token_sha256)s, id, %(scopes)s FROM workspaces WHERE id = %(workspace_id)s
+INSERT INTO api_tokens (token_sha256, workspace_id, scopes, token_prefix, expires_at)
+SELECT %(token_sha256)s, id, %(scopes)s, %(prefix)s,
+       now() + make_interval(secs => %(expires_in)s::float8)
+  FROM workspaces WHERE id = %(workspace_id)s
 RETURNING id;
 
 -- name: api_lookup_token
-SELECT workspace_id, scopes FROM api_tokens
- WHERE token_sha256 = %(token_sha256)s AND revoked_at IS NULL;
+-- Every request reads its token here; revoked and expired tokens match
+-- nothing, so they get 401 on the very next request (no cache holds a
+-- positive answer). last_used_at is written only when it is older than
+-- touch_every seconds: at most one write per token per interval, not one per
+-- request. Concurrent requests at the boundary queue on the row lock and the
+-- later ones, re-reading it, find it fresh and write nothing.
+WITH found AS (
+    SELECT id, workspace_id, scopes, last_used_at FROM api_tokens
+     WHERE token_sha256 = %(token_sha256)s AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+), touched AS (
+    UPDATE api_tokens t SET last_used_at = now()
+      FROM found f
+     WHERE t.id = f.id
+       AND (f.last_used_at IS NULL OR f.last_used_at <= now() - make_interval(secs => %(touch_every)s::float8))
+       AND (t.last_used_at IS NULL OR t.last_used_at <= now() - make_interval(secs => %(touch_every)s::float8))
+    RETURNING t.id
+)
+SELECT id, workspace_id, scopes FROM found;
+
+-- name: api_list_tokens
+SELECT id, token_prefix AS prefix, workspace_id, scopes, created_at, expires_at, last_used_at, revoked_at
+  FROM api_tokens
+ WHERE (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
+   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: api_revoke_token
+UPDATE api_tokens SET revoked_at = now() WHERE id = %(id)s AND revoked_at IS NULL RETURNING id;
+
+-- name: api_token_exists
+SELECT revoked_at FROM api_tokens WHERE id = %(id)s;
 
 -- name: api_list_deliveries
 -- Keyset pagination on id, newest first: a page is "ids below the cursor",
@@ -133,11 +165,19 @@ SELECT sum(units)::int AS units,
 -- name: api_replay_spend
 INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(units)s);
 
--- name: api_endpoint
+-- name: api_endpoints
+-- One endpoint (id given) or a page of the workspace's endpoints, newest
+-- first; workspace_id NULL means any workspace (the operator's CLI).
 -- No endpoint_state row means the engine never recorded a failure: closed,
 -- zero failures. The pending aggregate walks the endpoint's slice of
--- webhook_deliveries_due.
-SELECT e.id, e.url, e.active, e.event_types, e.created_at, e.max_per_second,
+-- webhook_deliveries_due, the success rate its last 24 h of attempts
+-- (webhook_delivery_attempts_endpoint_time, 0012). Attempts labelled 'failed' are
+-- rows ended without a request (endpoint gone, event gone): not counted.
+-- The secrets themselves are never selected here.
+SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
+       e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
+       CASE WHEN e.previous_secret IS NOT NULL
+            THEN e.secret_rotated_at + make_interval(secs => %(grace)s::float8) END AS previous_valid_until,
        coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,
        s.open_until, s.opened_at,
        -- The shown state is the breaker rule's (breaker.BreakerPolicy.shown_state),
@@ -145,7 +185,8 @@ SELECT e.id, e.url, e.active, e.event_types, e.created_at, e.max_per_second,
        extract(epoch FROM s.open_until)::float8 AS open_until_epoch, extract(epoch FROM now())::float8 AS db_now,
        s.last_success_at, s.last_failure_at, s.last_error,
        p.pending AS pending_count, p.oldest AS oldest_pending_at,
-       extract(epoch FROM now() - p.oldest)::float8 AS oldest_pending_age_seconds
+       extract(epoch FROM now() - p.oldest)::float8 AS oldest_pending_age_seconds,
+       r.attempts AS attempts_24h, r.delivered AS delivered_24h
   FROM webhook_endpoints e
   LEFT JOIN endpoint_state s ON s.endpoint_id = e.id
  CROSS JOIN LATERAL (
@@ -153,7 +194,83 @@ SELECT e.id, e.url, e.active, e.event_types, e.created_at, e.max_per_second,
           FROM webhook_deliveries d
          WHERE d.endpoint_id = e.id AND d.status = 'pending'
        ) p
- WHERE e.id = %(id)s AND e.workspace_id = %(workspace_id)s;
+ CROSS JOIN LATERAL (
+        SELECT count(*) AS attempts, count(*) FILTER (WHERE a.result = 'delivered') AS delivered
+          FROM webhook_delivery_attempts a
+         WHERE a.endpoint_id = e.id AND a.started_at > now() - interval '24 hours' AND a.result <> 'failed'
+       ) r
+ WHERE (%(workspace_id)s::text IS NULL OR e.workspace_id = %(workspace_id)s::text)
+   AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)
+   AND (%(before_id)s::bigint IS NULL OR e.id < %(before_id)s::bigint)
+ ORDER BY e.id DESC
+ LIMIT %(limit)s;
+
+-- name: api_lock_endpoint
+-- The endpoint a change applies to, locked until the change commits.
+SELECT id, workspace_id, url, active, event_types, description FROM webhook_endpoints
+ WHERE id = %(id)s AND (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
+   FOR UPDATE;
+
+-- name: api_update_endpoint
+UPDATE webhook_endpoints
+   SET url = %(url)s, event_types = %(event_types)s, active = %(active)s, description = %(description)s
+ WHERE id = %(id)s;
+
+-- name: api_end_pending
+-- A deactivated or deleted endpoint's pending rows end failed with the
+-- engine's own reason (policy.ENDPOINT_DEACTIVATED / ENDPOINT_DELETED).
+-- Rows leased to a worker (a request may be on the wire) are left to the
+-- engine, which ends them with the same reason if they need another attempt.
+UPDATE webhook_deliveries
+   SET status = 'failed', last_error = %(reason)s, finished_at = now(), next_attempt_at = now(),
+       locked_by = NULL, locked_until = NULL, claim_token = NULL
+ WHERE endpoint_id = %(id)s AND status = 'pending' AND (locked_until IS NULL OR locked_until <= now())
+RETURNING id;
+
+-- name: api_delete_endpoint
+DELETE FROM webhook_endpoints WHERE id = %(id)s;
+
+-- name: api_close_breaker
+-- An operator-style reset: closed, no failures, no deadline; then every
+-- pending row not leased to a worker is due now (retry back-offs included).
+WITH closed AS (
+    UPDATE endpoint_state
+       SET state = 'closed', consecutive_failures = 0, open_until = NULL, updated_at = now()
+     WHERE endpoint_id = %(id)s
+    RETURNING endpoint_id
+), due AS (
+    UPDATE webhook_deliveries
+       SET next_attempt_at = now()
+     WHERE endpoint_id = %(id)s AND status = 'pending' AND next_attempt_at > now()
+       AND (locked_until IS NULL OR locked_until <= now())
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM due) AS made_due;
+
+-- name: api_breaker_before_close
+SELECT state, consecutive_failures FROM endpoint_state WHERE endpoint_id = %(id)s FOR UPDATE;
+
+-- name: api_rotate_endpoint_secret
+-- The secret in use becomes the previous one: the workspace's at an
+-- endpoint's first rotation, since that is what it was signing with.
+UPDATE webhook_endpoints e
+   SET previous_secret = coalesce(e.secret, w.secret), secret = %(secret)s, secret_rotated_at = now()
+  FROM workspaces w
+ WHERE w.id = e.workspace_id AND e.id = %(id)s
+RETURNING e.secret_rotated_at + make_interval(secs => %(grace)s::float8) AS previous_valid_until;
+
+-- name: api_audit_insert
+INSERT INTO api_audit (workspace_id, token_id, action, endpoint_id, delivery_ids, detail)
+VALUES (%(workspace_id)s, %(token_id)s, %(action)s, %(endpoint_id)s, %(delivery_ids)s::bigint[], %(detail)s::jsonb);
+
+-- name: api_list_audit
+SELECT id, at, token_id, action, endpoint_id, delivery_ids, detail
+  FROM api_audit
+ WHERE workspace_id = %(workspace_id)s
+   AND (%(endpoint_id)s::bigint IS NULL OR endpoint_id = %(endpoint_id)s::bigint)
+   AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
 
 -- name: api_endpoint_for_recover
 SELECT active FROM webhook_endpoints WHERE id = %(id)s AND workspace_id = %(workspace_id)s;

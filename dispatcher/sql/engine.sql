@@ -135,9 +135,17 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
        -- (store/engine.py hands the same string to the others).  event_type
        -- still tells a missing event (NULL) from a shared payload.
        CASE WHEN c.nth = 1 THEN (c.ev).payload::text END AS payload,
-       (c.ep).url, (c.ep).active, (c.ws).secret,
-       CASE WHEN (c.ws).secret_rotated_at > now() - interval '24 hours' THEN (c.ws).previous_secret END
-           AS previous_secret,
+       (c.ep).url, (c.ep).active,
+       -- The endpoint's own secret once it has one (created by the API or
+       -- rotated, migration 0010), else its workspace's; the previous one
+       -- signs too for secrets.rotation_grace after the rotation.
+       CASE WHEN (c.ep).secret IS NOT NULL THEN (c.ep).secret ELSE (c.ws).secret END AS secret,
+       CASE WHEN (c.ep).secret IS NOT NULL
+            THEN CASE WHEN (c.ep).secret_rotated_at > now() - make_interval(secs => %(grace)s)
+                      THEN (c.ep).previous_secret END
+            ELSE CASE WHEN (c.ws).secret_rotated_at > now() - make_interval(secs => %(grace)s)
+                      THEN (c.ws).previous_secret END
+       END AS previous_secret,
        (c.ws).id AS workspace_id
   FROM (SELECT claimed.*,
                row_number() OVER (PARTITION BY claimed.event_id) AS nth,

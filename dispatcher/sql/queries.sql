@@ -36,8 +36,8 @@ UPDATE workspaces
 RETURNING id;
 
 -- name: add_endpoint
-INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second)
-VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s)
+INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, secret, description, active)
+VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(secret)s, %(description)s, %(active)s)
 RETURNING id;
 
 -- name: workspace_exists

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
 from typing import Any
@@ -37,8 +37,8 @@ Connection = psycopg2.extensions.connection
 
 
 __all__ = [
-    "QUERIES", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected", "QueryTimeout",
-    "SchemaOutdated", "StoreError", "connect", "query_rows", "run_query", "transaction", "translated",
+    "QUERIES", "Audit", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
+    "QueryTimeout", "SchemaOutdated", "StoreError", "connect", "query_rows", "run_query", "transaction", "translated",
 ]
 
 
@@ -162,23 +162,65 @@ def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) ->
             raise NotFound(f"workspace {workspace_id!r} does not exist")
 
 
+@dataclass(frozen=True, slots=True)
+class NewEndpoint:
+    """What registering an endpoint writes.  ``secret`` None: it signs with
+    the workspace secret (the CLI's ``endpoint add``); the API gives each new
+    endpoint its own."""
+
+    url: str
+    event_types: Sequence[str] = ()
+    max_per_second: float | None = None
+    secret: str | None = None
+    description: str | None = None
+    active: bool = True
+
+
 def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str],
                  max_per_second: float | None = None) -> int:
     """Register an endpoint; the database enforces 10 active per workspace.
     ``max_per_second`` is its region-wide rate limit (None: none)."""
+    return register_endpoint(conn, workspace_id, NewEndpoint(url, event_types, max_per_second), token_id=None)
+
+
+def register_endpoint(conn: Connection, workspace_id: str, new: NewEndpoint, token_id: int | None) -> int:
+    """Insert ``new`` and its audit entry (by ``token_id``; None: an operator) in one transaction."""
     try:
         with transaction(conn):
             if not run_query(conn, "workspace_exists", {"id": workspace_id}):
                 raise NotFound(f"workspace {workspace_id!r} does not exist")
-            rows = run_query(conn, "add_endpoint", {"workspace_id": workspace_id, "url": url,
-                                               "event_types": list(event_types),
-                                                    "max_per_second": max_per_second})
+            rows = run_query(conn, "add_endpoint", {
+                "workspace_id": workspace_id, "url": new.url, "event_types": list(new.event_types),
+                "max_per_second": new.max_per_second, "secret": new.secret, "description": new.description,
+                "active": new.active})
+            endpoint_id = int(rows[0][0])
+            audit(conn, Audit(workspace_id, token_id, "endpoint.create", endpoint_id))
     except QueryRejected as exc:
-        raise _limit_or(exc) from None
-    return int(rows[0][0])
+        raise limit_or(exc) from None
+    return endpoint_id
 
 
-def _limit_or(exc: QueryRejected) -> StoreError:
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """One audit log entry: who (an API token's id; None: an operator's CLI command) did what."""
+
+    workspace_id: str
+    token_id: int | None
+    action: str
+    endpoint_id: int | None = None
+    delivery_ids: Sequence[int] = ()
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+def audit(conn: Connection, entry: Audit) -> None:
+    """Write ``entry``; call inside the transaction of the change it records."""
+    run_query(conn, "api_audit_insert", {
+        "workspace_id": entry.workspace_id, "token_id": entry.token_id, "action": entry.action,
+        "endpoint_id": entry.endpoint_id, "delivery_ids": list(entry.delivery_ids),
+        "detail": json.dumps(dict(entry.detail))})
+
+
+def limit_or(exc: QueryRejected) -> StoreError:
     # The 10-active-endpoints trigger raises check_violation (migration 0001).
     return LimitReached(exc.detail or "endpoint limit reached") if is_check_violation(exc) else exc
 
@@ -189,7 +231,7 @@ def set_endpoint_active(conn: Connection, endpoint_id: int, active: bool) -> Non
             if not run_query(conn, "set_endpoint_active", {"id": endpoint_id, "active": active}):
                 raise NotFound(f"endpoint {endpoint_id} does not exist")
     except QueryRejected as exc:
-        raise _limit_or(exc) from None
+        raise limit_or(exc) from None
 
 
 def delete_endpoint(conn: Connection, endpoint_id: int) -> None:

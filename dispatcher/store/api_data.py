@@ -9,13 +9,25 @@ workspace is indistinguishable from a missing one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from dispatcher.policy import RETRYABLE_ERRORS
-from dispatcher.store import Connection, NotFound, StoreError, query_rows, run_query, transaction
+from dispatcher.store import (
+    Audit,
+    Connection,
+    NotFound,
+    QueryRejected,
+    StoreError,
+    audit,
+    limit_or,
+    query_rows,
+    run_query,
+    transaction,
+)
 
 if TYPE_CHECKING:
     # The budget is the API layer's policy; this module only executes it.
@@ -71,20 +83,56 @@ def ping(conn: Connection) -> None:
         run_query(conn, "api_ping")
 
 
-def insert_token(conn: Connection, token_sha256: str, workspace_id: str, scopes: Sequence[str]) -> None:
+@dataclass(frozen=True, slots=True)
+class FoundToken:
+    id: int
+    workspace_id: str
+    scopes: frozenset[str]
+
+
+def insert_token(conn: Connection, token_sha256: str, workspace_id: str, scopes: Sequence[str], prefix: str,
+                 expires_in: float | None = None) -> int:
+    """Store a token's hash; it expires ``expires_in`` seconds from now (None: never)."""
     with transaction(conn):
         rows = run_query(conn, "api_insert_token",
-                         {"token_sha256": token_sha256, "workspace_id": workspace_id, "scopes": list(scopes)})
+                         {"token_sha256": token_sha256, "workspace_id": workspace_id, "scopes": list(scopes),
+                          "prefix": prefix, "expires_in": expires_in})
     if not rows:
         raise NotFound(f"workspace {workspace_id!r} does not exist")
+    return int(rows[0][0])
 
 
-def lookup_token(conn: Connection, token_sha256: str) -> tuple[str, frozenset[str]] | None:
+def lookup_token(conn: Connection, token_sha256: str, touch_every: float) -> FoundToken | None:
+    """The live (not revoked, not expired) token with this hash, marking it used at most every ``touch_every`` s."""
     with transaction(conn):
-        rows = query_rows(conn, "api_lookup_token", {"token_sha256": token_sha256})
+        rows = query_rows(conn, "api_lookup_token", {"token_sha256": token_sha256, "touch_every": touch_every})
     if not rows:
         return None
-    return str(rows[0]["workspace_id"]), frozenset(rows[0]["scopes"])
+    return FoundToken(int(rows[0]["id"]), str(rows[0]["workspace_id"]), frozenset(rows[0]["scopes"]))
+
+
+def list_tokens(conn: Connection, workspace_id: str | None, before_id: int | None, limit: int) -> list[Row]:
+    """Up to ``limit`` tokens below ``before_id``, newest first (workspace None: every workspace)."""
+    with transaction(conn):
+        return query_rows(conn, "api_list_tokens",
+                          {"workspace_id": workspace_id, "before_id": before_id, "limit": limit})
+
+
+def revoke_token(conn: Connection, token_id: int) -> None:
+    """Revoke a token; NotFound if no such token, Conflict if already revoked."""
+    with transaction(conn):
+        if run_query(conn, "api_revoke_token", {"id": token_id}):
+            return
+        if run_query(conn, "api_token_exists", {"id": token_id}):
+            raise Conflict(f"token {token_id} is already revoked")
+    raise NotFound(f"token {token_id} does not exist")
+
+
+def list_audit(conn: Connection, workspace_id: str, endpoint_id: int | None, before_id: int | None,
+               limit: int) -> list[Row]:
+    with transaction(conn):
+        return query_rows(conn, "api_list_audit", {"workspace_id": workspace_id, "endpoint_id": endpoint_id,
+                                                   "before_id": before_id, "limit": limit})
 
 
 def _excerpt(text: str | None) -> str | None:
@@ -157,7 +205,8 @@ def _charge(conn: Connection, workspace_id: str, units: int, budget: ReplayBudge
     run_query(conn, "api_replay_spend", {"workspace_id": workspace_id, "units": units})
 
 
-def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: ReplayBudget) -> Row:
+def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: ReplayBudget,
+           token_id: int | None) -> Row:
     """Queue a new pending delivery of the same event to the same endpoint."""
     with transaction(conn):
         rows = query_rows(conn, "api_replay_source", {"id": delivery_id, "workspace_id": workspace_id})
@@ -170,6 +219,8 @@ def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: Replay
         row = query_rows(conn, "api_insert_replay", {
             "workspace_id": workspace_id, "endpoint_id": source["endpoint_id"], "event_id": source["event_id"],
             "payload_hash": source["payload_hash"], "replay_of": delivery_id})[0]
+        audit(conn, Audit(workspace_id, token_id, "delivery.replay", source["endpoint_id"], [row["id"]],
+                          {"replay_of": delivery_id}))
     row["attempts"] = []
     return row
 
@@ -187,16 +238,105 @@ def _check_replayable(delivery_id: int, source: Row) -> None:
         raise Conflict(f"event {event_id} is no longer retained; the delivery cannot be replayed")
 
 
-def endpoint_state(conn: Connection, workspace_id: str, endpoint_id: int) -> Row:
+def endpoints(conn: Connection, workspace_id: str | None, grace: float, before_id: int | None = None,
+              limit: int = 1, endpoint_id: int | None = None) -> list[Row]:
+    """A page of endpoints with breaker, backlog and 24 h success figures (workspace None: any)."""
     with transaction(conn):
-        rows = query_rows(conn, "api_endpoint", {"id": endpoint_id, "workspace_id": workspace_id})
+        return query_rows(conn, "api_endpoints", {"workspace_id": workspace_id, "id": endpoint_id,
+                                                  "before_id": before_id, "limit": limit, "grace": grace})
+
+
+def endpoint_state(conn: Connection, workspace_id: str | None, endpoint_id: int, grace: float) -> Row:
+    rows = endpoints(conn, workspace_id, grace, endpoint_id=endpoint_id)
     if not rows:
         raise NotFound(f"endpoint {endpoint_id} does not exist")
     return rows[0]
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointChange:
+    """A PATCH: the fields given (None: unchanged; description may be set to None, hence its flag)."""
+
+    url: str | None = None
+    event_types: Sequence[str] | None = None
+    active: bool | None = None
+    description: str | None = None
+    set_description: bool = False
+
+    def fields(self) -> list[str]:
+        given = {"url": self.url is not None, "event_types": self.event_types is not None,
+                 "active": self.active is not None, "description": self.set_description}
+        return [name for name, present in given.items() if present]
+
+
+def _locked_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int) -> Row:
+    rows = query_rows(conn, "api_lock_endpoint", {"id": endpoint_id, "workspace_id": workspace_id})
+    if not rows:
+        raise NotFound(f"endpoint {endpoint_id} does not exist")
+    return rows[0]
+
+
+def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, change: EndpointChange,
+                    token_id: int | None) -> None:
+    """Apply ``change``; deactivating ends the pending rows not in flight (``policy.ENDPOINT_DEACTIVATED``)."""
+    from dispatcher.policy import ENDPOINT_DEACTIVATED
+
+    with _limit_reached(), transaction(conn):
+        old = _locked_endpoint(conn, workspace_id, endpoint_id)
+        active = old["active"] if change.active is None else change.active
+        run_query(conn, "api_update_endpoint", {
+            "id": endpoint_id, "url": old["url"] if change.url is None else change.url,
+            "event_types": list(old["event_types"] if change.event_types is None else change.event_types),
+            "active": active, "description": change.description if change.set_description else old["description"]})
+        ended: list[int] = []
+        if old["active"] and not active:
+            ended = _end_pending(conn, endpoint_id, ENDPOINT_DEACTIVATED)
+        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.update", endpoint_id, ended,
+                          {"fields": change.fields(), "active": active}))
+
+
+def delete_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None) -> None:
+    """Delete the endpoint; its pending rows not in flight end ``policy.ENDPOINT_DELETED``."""
+    from dispatcher.policy import ENDPOINT_DELETED
+
+    with transaction(conn):
+        old = _locked_endpoint(conn, workspace_id, endpoint_id)
+        ended = _end_pending(conn, endpoint_id, ENDPOINT_DELETED)
+        run_query(conn, "api_delete_endpoint", {"id": endpoint_id})
+        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.delete", endpoint_id, ended, {}))
+
+
+def _end_pending(conn: Connection, endpoint_id: int, reason: str) -> list[int]:
+    return [int(r[0]) for r in run_query(conn, "api_end_pending", {"id": endpoint_id, "reason": reason})]
+
+
+def close_breaker(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None) -> int:
+    """Reset the endpoint's breaker to closed and make its pending rows due; returns how many were made due."""
+    with transaction(conn):
+        old = _locked_endpoint(conn, workspace_id, endpoint_id)
+        before = query_rows(conn, "api_breaker_before_close", {"id": endpoint_id})
+        made_due = int(run_query(conn, "api_close_breaker", {"id": endpoint_id})[0][0])
+        was = before[0] if before else {"state": "closed", "consecutive_failures": 0}
+        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.breaker_close", endpoint_id, (), {
+            "stored_state": was["state"], "consecutive_failures": was["consecutive_failures"],
+            "made_due": made_due}))
+    return made_due
+
+
+def rotate_endpoint_secret(conn: Connection, workspace_id: str | None, endpoint_id: int, secret: str,
+                           grace: float, token_id: int | None) -> datetime:
+    """Make ``secret`` the endpoint's; returns until when the previous one also signs."""
+    with transaction(conn):
+        old = _locked_endpoint(conn, workspace_id, endpoint_id)
+        valid_until = run_query(conn, "api_rotate_endpoint_secret",
+                                {"id": endpoint_id, "secret": secret, "grace": grace})[0][0]
+        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.secret_rotate", endpoint_id, (),
+                          {"previous_valid_until": valid_until.isoformat()}))
+    return valid_until  # type: ignore[no-any-return]
+
+
 def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: datetime, until: datetime | None,
-            budget: ReplayBudget) -> RecoverResult:
+            budget: ReplayBudget, token_id: int | None) -> RecoverResult:
     """Re-queue, as new replay rows, each event that died or failed on this endpoint since ``since``.
 
     Charged ceil(rows / 100) replay units; a request that does not fit the
@@ -220,8 +360,20 @@ def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: dateti
             return RecoverResult(queued=0, units=0)
         units = budget.units_for_rows(len(ids))
         _charge(conn, workspace_id, units, budget)
-        queued = len(run_query(conn, "api_recover_insert", {"ids": ids, "workspace_id": workspace_id}))
-    return RecoverResult(queued=queued, units=units)
+        queued = [int(r[0]) for r in run_query(conn, "api_recover_insert", {"ids": ids, "workspace_id": workspace_id})]
+        audit(conn, Audit(workspace_id, token_id, "endpoint.recover", endpoint_id, queued, {
+            "since": since.isoformat(), "until": None if until is None else until.isoformat(),
+            "queued": len(queued), "replay_units": units}))
+    return RecoverResult(queued=len(queued), units=units)
+
+
+@contextmanager
+def _limit_reached() -> Iterator[None]:
+    """The 10-active-endpoints trigger's refusal as LimitReached."""
+    try:
+        yield
+    except QueryRejected as exc:
+        raise limit_or(exc) from None
 
 
 def endpoint_stats(conn: Connection, workspace_id: str, window_seconds: int, buckets: int) -> StatsWindow:

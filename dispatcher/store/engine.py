@@ -24,6 +24,7 @@ import psycopg2.extensions
 from dispatcher.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.health import BacklogFigures, BacklogRule
 from dispatcher.redact import storable
+from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
 from dispatcher.store.errors import translate
 
@@ -261,9 +262,9 @@ class EngineStore:
         self._conn = conn
 
     def claim(self, owner: str, limit: int, per_endpoint: int, busy: Sequence[int], after: int,
-              lease: float) -> list[ClaimedRow]:
+              lease: float, secret_grace: float = ROTATION_GRACE) -> list[ClaimedRow]:
         params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": list(busy),
-                  "after": after, "lease": lease}
+                  "after": after, "lease": lease, "grace": secret_grace}
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
             rows = _named(cur)
