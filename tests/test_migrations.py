@@ -155,8 +155,8 @@ INDEXES = {
     ("api_replay_ledger", ("at",), None, False),
     # The claim counts an endpoint's leased rows through it (0006, region-wide concurrency).
     ("webhook_deliveries", ("endpoint_id",), "(claim_token IS NOT NULL)", False),
-    # 0012: the endpoint stats aggregate, index-only (key columns, then the included ones).
-    ("webhook_delivery_attempts", ("endpoint_id", "started_at", "result", "status_code", "duration_ms"), None, False),
+    # 0010: an endpoint's recent attempts (the endpoint list's 24 h rate, GET .../endpoints/stats).
+    ("webhook_delivery_attempts", ("endpoint_id", "started_at"), None, False),
 }
 
 CHECKED_VALUES = {

@@ -171,7 +171,7 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- No endpoint_state row means the engine never recorded a failure: closed,
 -- zero failures. The pending aggregate walks the endpoint's slice of
 -- webhook_deliveries_due, the success rate its last 24 h of attempts
--- (webhook_delivery_attempts_endpoint_time, 0012). Attempts labelled 'failed' are
+-- (webhook_delivery_attempts_endpoint, 0010). Attempts labelled 'failed' are
 -- rows ended without a request (endpoint gone, event gone): not counted.
 -- The secrets themselves are never selected here.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
@@ -318,8 +318,9 @@ SELECT now() AS now;
 -- of the transport errors the breaker counts (policy.RETRYABLE_ERRORS, passed
 -- in): shadow rows (delivered unsent, no status), rows that could never be
 -- sent and URLs the outbound policy blocked say nothing about the endpoint's
--- health, as for the breaker.  Served by webhook_delivery_attempts_endpoint_time
--- (0012), one index range per endpoint.
+-- health, as for the breaker.  Served by webhook_delivery_attempts_endpoint
+-- (0010): one index range per endpoint of the workspace (docs/api.md has the
+-- plan and the measurements, and why the index does not include the columns).
 SELECT e.id AS endpoint_id, s.bucket, s.attempts, s.succeeded, s.p95_ms
   FROM webhook_endpoints e
  CROSS JOIN LATERAL (
