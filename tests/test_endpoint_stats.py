@@ -144,7 +144,7 @@ def _cases() -> dict[str, tuple[str, int | None, BreakerSignal]]:
 
 def test_the_aggregate_counts_exactly_the_attempts_the_breaker_counts(world: World, client: Client) -> None:
     """One endpoint per case: an attempt is counted iff it gives the breaker a signal,
-    and succeeds iff that signal is a success."""
+    and succeeds iff that signal is a success; the endpoint list's 24 h rate counts the same."""
     ws = world.workspace("acme")
     cases = _cases()
     endpoints = {}
@@ -153,11 +153,15 @@ def test_the_aggregate_counts_exactly_the_attempts_the_breaker_counts(world: Wor
         world.attempt(world.delivery(ws, endpoint, world.event(ws, f"evt_{endpoint}")), endpoint, 1, result,
                       status_code, ago=HALF_HOUR)
         endpoints[endpoint] = name
+    token = world.token(ws)
     counted = {endpoints[e["endpoint_id"]]: (e["attempts"], e["succeeded"])
-               for e in _stats(client, world.token(ws), "window=1h&buckets=1")["data"]}
+               for e in _stats(client, token, "window=1h&buckets=1")["data"]}
     expected = {name: (int(signal is not BreakerSignal.IGNORE), int(signal is BreakerSignal.SUCCESS))
                 for name, (_, _, signal) in cases.items()}
     assert counted == expected
+    listed = client.simulate_get("/v2/webhooks/endpoints", params={"limit": "100"}, headers=bearer(token)).json
+    assert {endpoints[e["id"]]: (e["success_rate_24h"]["attempts"], e["success_rate_24h"]["delivered"])
+            for e in listed["data"]} == expected
     # The table covers both sides of the rule.
     assert {signal for _, _, signal in cases.values()} == set(BreakerSignal)
 

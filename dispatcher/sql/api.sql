@@ -171,8 +171,10 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- No endpoint_state row means the engine never recorded a failure: closed,
 -- zero failures. The pending aggregate walks the endpoint's slice of
 -- webhook_deliveries_due, the success rate its last 24 h of attempts
--- (webhook_delivery_attempts_endpoint, 0010). Attempts labelled 'failed' are
--- rows ended without a request (endpoint gone, event gone): not counted.
+-- (webhook_delivery_attempts_endpoint, 0010), counting what
+-- api_endpoint_stats counts: attempts with a response or a transport failure
+-- the breaker counts; shadow rows, blocked URLs and rows ended without a
+-- request (endpoint gone, event gone) are not.
 -- The secrets themselves are never selected here.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
        e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
@@ -197,7 +199,9 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
  CROSS JOIN LATERAL (
         SELECT count(*) AS attempts, count(*) FILTER (WHERE a.result = 'delivered') AS delivered
           FROM webhook_delivery_attempts a
-         WHERE a.endpoint_id = e.id AND a.started_at > now() - interval '24 hours' AND a.result <> 'failed'
+         WHERE a.endpoint_id = e.id AND a.started_at > now() - interval '24 hours'
+           -- The attempts that went on the wire, as api_endpoint_stats counts them.
+           AND (a.status_code IS NOT NULL OR a.result = ANY (%(sent_errors)s::text[]))
        ) r
  WHERE (%(workspace_id)s::text IS NULL OR e.workspace_id = %(workspace_id)s::text)
    AND (%(id)s::bigint IS NULL OR e.id = %(id)s::bigint)

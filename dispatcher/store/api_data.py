@@ -42,6 +42,11 @@ DELIVERY_COLUMNS = (
 EXCERPT_BYTES = 256
 
 Row = dict[str, Any]
+# The transport failures the breaker counts (policy.RETRYABLE_ERRORS): with the
+# attempts that got a status code, the attempts that went on the wire, which the
+# success rates count.  Blocked URLs, shadow rows and rows that could never be
+# sent say nothing about the endpoint's health.
+SENT_ERRORS = sorted(RETRYABLE_ERRORS)
 
 
 class Conflict(StoreError):
@@ -243,7 +248,8 @@ def endpoints(conn: Connection, workspace_id: str | None, grace: float, before_i
     """A page of endpoints with breaker, backlog and 24 h success figures (workspace None: any)."""
     with transaction(conn):
         return query_rows(conn, "api_endpoints", {"workspace_id": workspace_id, "id": endpoint_id,
-                                                  "before_id": before_id, "limit": limit, "grace": grace})
+                                                  "before_id": before_id, "limit": limit, "grace": grace,
+                                                  "sent_errors": SENT_ERRORS})
 
 
 def endpoint_state(conn: Connection, workspace_id: str | None, endpoint_id: int, grace: float) -> Row:
@@ -384,7 +390,5 @@ def endpoint_stats(conn: Connection, workspace_id: str, window_seconds: int, buc
         bucket_seconds = window_seconds / buckets
         rows = query_rows(conn, "api_endpoint_stats", {
             "workspace_id": workspace_id, "since": since, "until": until, "bucket_seconds": bucket_seconds,
-            # The transport failures the breaker counts: those attempts reached
-            # for the endpoint; blocked or never-sendable ones did not.
-            "sent_errors": sorted(RETRYABLE_ERRORS)})
+            "sent_errors": SENT_ERRORS})
     return StatsWindow(since, until, bucket_seconds, rows)
