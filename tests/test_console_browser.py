@@ -175,16 +175,19 @@ def _seed_overview(world: World) -> dict[str, Any]:
     quiet = world.endpoint(ws, "https://crm.acme.example/webhooks")
     disabled = world.endpoint(ws, "https://old.acme.example/hook", active=False)
     world.sql("UPDATE webhook_endpoints SET description = 'Payments service (prod)' WHERE id = %s", (payments,))
-    # payments: six busy hours in a row (buckets 18..23), one 5xx among them; one row pending.
-    row = world.delivery(ws, payments, world.event(ws, "evt_pay_1"), "delivered", attempt=1, age=timedelta(hours=6))
-    for hour in range(6):
+    # payments: busy all day, a 5xx in two of the hours; one row pending.
+    row = world.delivery(ws, payments, world.event(ws, "evt_pay_1"), "delivered", attempt=1, age=timedelta(hours=24))
+    for hour in range(24):
         for n in range(4):
             world.attempt(row, payments, 1, "delivered", 200, duration_ms=80 + 10 * n, ago=_hours_ago(hour))
-    world.attempt(row, payments, 2, "http_5xx", 502, duration_ms=900, ago=_hours_ago(3))
+    for hour in (3, 14):
+        world.attempt(row, payments, 2, "http_5xx", 502, duration_ms=900, ago=_hours_ago(hour))
     world.delivery(ws, payments, world.event(ws, "evt_pay_2"), "pending", age=timedelta(minutes=2))
-    # broken: fine three hours ago, then only failures; its breaker opened; a backlog and two dead rows.
-    old = world.delivery(ws, broken, world.event(ws, "evt_erp_0"), "delivered", attempt=1, age=timedelta(hours=3))
-    world.attempt(old, broken, 1, "delivered", 200, duration_ms=120, ago=_hours_ago(2))
+    # broken: fine for eight hours (one delivery an hour), then only failures; its breaker opened;
+    # a backlog and two dead rows.
+    old = world.delivery(ws, broken, world.event(ws, "evt_erp_0"), "delivered", attempt=1, age=timedelta(hours=10))
+    for hour in range(2, 10):
+        world.attempt(old, broken, 1, "delivered", 200, duration_ms=120, ago=_hours_ago(hour))
     for n in range(2):
         dead = world.delivery(ws, broken, world.event(ws, f"evt_erp_dead_{n}"), "dead", attempt=3,
                               age=timedelta(hours=2), last_error="HTTP 503")
@@ -238,14 +241,15 @@ def test_overview_puts_open_breakers_first_and_acts_on_an_endpoint(db, console_u
     # Sparklines: 24 hourly buckets, a point for each hour that had attempts, red where one failed.
     spark = _row(page, payments).locator("svg.spark")
     assert spark.get_attribute("data-buckets") == "24"
-    assert spark.locator("circle.spark-point").count() == 6
-    assert spark.locator("circle.spark-point.bad").count() == 1
-    assert len(spark.locator("polyline.spark-line").get_attribute("points").split()) == 6
-    assert _row(page, payments).locator(".rate").inner_text() == "96.0 %"  # 24 of 25
+    assert spark.locator("circle.spark-point").count() == 24
+    assert spark.locator("circle.spark-point.bad").count() == 2
+    assert len(spark.locator("polyline.spark-line").get_attribute("points").split()) == 24
+    assert _row(page, payments).locator(".rate").inner_text() == "98.0 %"  # 96 of 98
     assert _row(page, payments).locator(".p95").inner_text() == "110 ms"
     broken_spark = _row(page, broken).locator("svg.spark")
-    assert broken_spark.locator("circle.spark-point").count() == 3
+    assert broken_spark.locator("circle.spark-point").count() == 10  # the last ten hours, joined by one line
     assert broken_spark.locator("circle.spark-point.bad").count() == 2
+    assert broken_spark.locator("polyline.spark-line").count() == 1
     assert _row(page, quiet).locator("svg.spark circle").count() == 0
     assert _row(page, quiet).locator(".rate").inner_text() == "—"
     # Pending counts and the oldest pending row's age.
