@@ -224,8 +224,8 @@ class TestWorkspace:
         # --secret puts the secret in every `ps` listing; stdin and a file do not.
         environ = {k: v for k, v in os.environ.items() if k != DSN_ENV}
         piped = subprocess.run([sys.executable, "-m", "dispatcher.cli", "-c", str(config), "workspace", "create",
-                                "--id", "P", "--secret-stdin"], input="from-stdin-secret-24-bytes-long\n", cwd=REPO, env=environ,
-                               capture_output=True, text=True, timeout=90)
+                                "--id", "P", "--secret-stdin"], input="from-stdin-secret-24-bytes-long\n", cwd=REPO,
+                               env=environ, capture_output=True, text=True, timeout=90)
         ok(piped)
         assert workspace_row(db, "P") == ("from-stdin-secret-24-bytes-long", {})
         secret_file = tmp_path / "secret"
