@@ -84,6 +84,7 @@ class WebhookSender:
         """Outbox on: write into the caller's open transaction.  Off: POST inline (see the module docstring)."""
         started = time.perf_counter()
         params = _statement_params(event, self._config.producer.shadow_writes)
+        params["grace"] = self._config.secrets.rotation_grace
         result = send_event(conn, params)
         written = time.perf_counter()
         if result is None:
@@ -116,8 +117,8 @@ class WebhookSender:
     def _legacy_send(self, stored: StoredEvent, result: SendResult, params: Mapping[str, Any]) -> None:
         body = event_body(stored.id, stored.type, stored.workspace_id, result.sequence,
                           format_timestamp(params["occurred_at"]), result.legacy_payload or params["payload"])
-        for endpoint_id, url in result.legacy_targets:
-            self._legacy_post(stored, endpoint_id, url, body, result.secrets)
+        for endpoint_id, url, secrets in result.legacy_targets:
+            self._legacy_post(stored, endpoint_id, url, body, secrets)
 
     def _legacy_post(self, stored: StoredEvent, endpoint_id: int, url: str, body: bytes,
                      secrets: tuple[str, ...]) -> None:
@@ -126,10 +127,13 @@ class WebhookSender:
         started = time.monotonic()
         status: int | str
         try:
-            headers = delivery_headers(stored.id, 1, int(time.time()), body, signing_keys(secrets))
+            keys = signing_keys(secrets)
         except ValueError:  # InvalidSecret: a stored secret that cannot be decoded
+            keys = ()
+        if not keys or not all(keys):  # like the engine: never an unsigned (or empty-key) POST
             status = "invalid_secret"
         else:
+            headers = delivery_headers(stored.id, 1, int(time.time()), body, keys)
             try:
                 result = self._legacy_transport().post(url, headers, body)
                 status = result.status if result.status is not None else (result.error or "failed")

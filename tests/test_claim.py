@@ -132,7 +132,7 @@ def test_a_fanned_out_event_crosses_the_wire_once_per_claim(db) -> None:
     try:
         with conn.cursor() as cur:
             cur.execute(QUERIES["engine_claim"], {"owner": "w", "limit": 200, "per_endpoint": 4, "busy": [],
-                                                  "after": 0, "lease": 30.0})
+                                                  "after": 0, "lease": 30.0, "grace": 86400.0})
             names = [c.name for c in cur.description]
             raw = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         conn.rollback()

@@ -212,10 +212,11 @@ class TestWorkspace:
         assert workspace_row(db, "a") != workspace_row(db, "b")
 
     def test_given_secret_and_flag_update(self, db: Database, config: Path) -> None:
-        ok(cli("-c", config, "workspace", "create", "--id", "W", "--secret", "s3cret", "--flag", "webhook_outbox=on"))
+        ok(cli("-c", config, "workspace", "create", "--id", "W", "--secret", "s3cret-of-at-least-24-bytes",
+               "--flag", "webhook_outbox=on"))
         out = ok(cli("-c", config, "workspace", "create", "--id", "W", "--flag", "webhook_outbox=off"))
         assert out.strip() == "workspace W updated"
-        assert workspace_row(db, "W") == ("s3cret", {"webhook_outbox": False})
+        assert workspace_row(db, "W") == ("s3cret-of-at-least-24-bytes", {"webhook_outbox": False})
 
 
     def test_secret_from_stdin_or_a_file_stays_out_of_the_process_list(self, db: Database, config: Path,
@@ -223,14 +224,14 @@ class TestWorkspace:
         # --secret puts the secret in every `ps` listing; stdin and a file do not.
         environ = {k: v for k, v in os.environ.items() if k != DSN_ENV}
         piped = subprocess.run([sys.executable, "-m", "dispatcher.cli", "-c", str(config), "workspace", "create",
-                                "--id", "P", "--secret-stdin"], input="from-stdin-secret\n", cwd=REPO, env=environ,
-                               capture_output=True, text=True, timeout=90)
+                                "--id", "P", "--secret-stdin"], input="from-stdin-secret-24-bytes-long\n", cwd=REPO,
+                               env=environ, capture_output=True, text=True, timeout=90)
         ok(piped)
-        assert workspace_row(db, "P") == ("from-stdin-secret", {})
+        assert workspace_row(db, "P") == ("from-stdin-secret-24-bytes-long", {})
         secret_file = tmp_path / "secret"
-        secret_file.write_text("from-file-secret\n")
+        secret_file.write_text("from-file-secret-24-bytes-long\n")
         ok(cli("-c", config, "workspace", "create", "--id", "F", "--secret-file", secret_file))
-        assert workspace_row(db, "F") == ("from-file-secret", {})
+        assert workspace_row(db, "F") == ("from-file-secret-24-bytes-long", {})
         usage_error(cli("-c", config, "workspace", "create", "--id", "X", "--secret", "a", "--secret-file",
                         secret_file), "not allowed with")
         assert_one_line_error(cli("-c", config, "workspace", "create", "--id", "X", "--secret-file",

@@ -838,6 +838,43 @@ class TestFlagOff:
             verified(latest, SECRET)
 
 
+    def test_an_endpoints_own_secret_signs_its_legacy_post(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
+        urls: dict[str, str],
+    ) -> None:
+        from dispatcher.store import api_data
+
+        ((own,),) = db.query("SELECT id FROM webhook_endpoints WHERE url = %s", (urls["all"],))
+        endpoint_secret = "whsec_" + "ZW5kcG9pbnQtc2VjcmV0LWtleS1ieXRlcy0zMg=="
+        with admin(db) as connection:
+            api_data.rotate_endpoint_secret(connection, None, own, endpoint_secret, 3600.0, token_id=None)
+        sender.send(conn, job())
+        by_path = {r.path: r for r in receiver.received()}
+        # The rotated endpoint: its new secret and, inside the grace, the workspace secret it signed with.
+        assert verified(by_path["/all"], endpoint_secret) == verified(by_path["/all"], SECRET)
+        verified(by_path["/created"], SECRET)
+        with pytest.raises(WebhookVerificationError):
+            verified(by_path["/created"], endpoint_secret)
+        # Past secrets.rotation_grace (24 h): only the endpoint's secret signs.
+        db.query("UPDATE webhook_endpoints SET secret_rotated_at = now() - interval '25 hours'")
+        sender.send(conn, job())
+        latest = [r for r in receiver.received() if r.path == "/all"][-1]
+        verified(latest, endpoint_secret)
+        with pytest.raises(WebhookVerificationError):
+            verified(latest, SECRET)
+
+    def test_an_empty_secret_never_produces_an_unsigned_legacy_post(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
+        urls: dict[str, str], caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        db.query("ALTER TABLE workspaces DROP CONSTRAINT workspaces_secret_not_empty")  # as before 0010
+        db.query("UPDATE workspaces SET secret = 'whsec_'")
+        sender.send(conn, job())
+        assert receiver.received() == []
+        assert {line["status"] for line in legacy_lines(caplog)} == {"invalid_secret"}
+
+
 class TestProducerTimer:
     """``webhook_producer_send_seconds.<path>`` and the outbox write, to a real UDP statsd listener."""
 

@@ -77,7 +77,11 @@ WITH ws AS (
       LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
      WHERE w.id = %(workspace_id)s
 ), targets AS (
-    SELECT e.id, e.url FROM webhook_endpoints e JOIN ws ON e.workspace_id = ws.id
+    -- An endpoint's own secrets (migration 0010) sign its legacy POST; NULL: the workspace's.
+    SELECT e.id, e.url, e.secret,
+           CASE WHEN e.secret_rotated_at > now() - make_interval(secs => %(grace)s::float8)
+                THEN e.previous_secret END AS previous_secret
+      FROM webhook_endpoints e JOIN ws ON e.workspace_id = ws.id
      WHERE e.active AND (e.event_types = '{}' OR %(type)s = ANY (e.event_types))
 ), event AS (
     INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
@@ -96,13 +100,17 @@ SELECT ws.mode,
        (SELECT count(*) FROM deliveries) AS deliveries,
        CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.secret END AS secret,
        CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.previous_secret END AS previous_secret,
-       CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN ws.secret_rotated_at > now() - interval '24 hours' END
-           AS in_grace,
+       CASE WHEN ws.mode IS DISTINCT FROM 'live'
+            THEN ws.secret_rotated_at > now() - make_interval(secs => %(grace)s::float8) END AS in_grace,
        CASE WHEN ws.mode IS DISTINCT FROM 'live'
             THEN ARRAY(SELECT url FROM targets ORDER BY id) END AS legacy_urls,
        -- jsonb's own text form, so the synchronous body is byte-identical to
        -- what the dispatcher sends for the same event (it reads payload::text).
        CASE WHEN ws.mode IS DISTINCT FROM 'live' THEN %(payload)s::jsonb::text END AS legacy_payload,
        CASE WHEN ws.mode IS DISTINCT FROM 'live'
-            THEN ARRAY(SELECT id FROM targets ORDER BY id) END AS legacy_endpoint_ids
+            THEN ARRAY(SELECT id FROM targets ORDER BY id) END AS legacy_endpoint_ids,
+       CASE WHEN ws.mode IS DISTINCT FROM 'live'
+            THEN ARRAY(SELECT secret FROM targets ORDER BY id) END AS legacy_secrets,
+       CASE WHEN ws.mode IS DISTINCT FROM 'live'
+            THEN ARRAY(SELECT previous_secret FROM targets ORDER BY id) END AS legacy_previous_secrets
   FROM ws;

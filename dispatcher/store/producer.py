@@ -16,8 +16,9 @@ class SendResult:
     mode: str | None                     # 'live', 'shadow' or None (nothing written)
     sequence: int | None
     deliveries: int
-    secrets: tuple[str, ...]
-    legacy_targets: tuple[tuple[int, str], ...]  # (endpoint id, url), flag off only
+    secrets: tuple[str, ...]             # the workspace's signing secrets
+    # (endpoint id, url, its signing secrets: its own once it has one, else the workspace's), flag off only
+    legacy_targets: tuple[tuple[int, str, tuple[str, ...]], ...]
     legacy_payload: str | None
 
 
@@ -31,6 +32,8 @@ def send_event(conn: Connection, params: Mapping[str, Any]) -> SendResult | None
         return None
     row = dict(zip(names, found, strict=True))
     secrets = tuple(s for s in (row["secret"], row["previous_secret"] if row["in_grace"] else None) if s)
-    targets = tuple(zip(row["legacy_endpoint_ids"] or (), row["legacy_urls"] or (), strict=True))
+    own = zip(row["legacy_secrets"] or (), row["legacy_previous_secrets"] or (), strict=True)
+    signing = [tuple(s for s in pair if s) if pair[0] is not None else secrets for pair in own]
+    targets = tuple(zip(row["legacy_endpoint_ids"] or (), row["legacy_urls"] or (), signing, strict=True))
     return SendResult(row["mode"], row["sequence"], int(row["deliveries"]), secrets, targets,
                       row["legacy_payload"])
