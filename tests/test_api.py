@@ -81,10 +81,13 @@ class World:
             (ws, endpoint, event, event, attempt, status, mode, age, replay_of, last_error))[0][0])
 
     def attempt(self, delivery: int, endpoint: int, n: int, result: str, status_code: int | None,
-                error: str | None = None, excerpt: str | None = None, duration_ms: int = 120) -> None:
+                error: str | None = None, excerpt: str | None = None, duration_ms: int = 120,
+                ago: timedelta | None = None) -> None:
+        """An attempt started ``ago`` (default: 10 - n minutes ago, so attempts of a row are in order)."""
         self.sql("INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms,"
                  " result, status_code, error, response_excerpt) VALUES (%s, %s, %s, now() - %s, %s, %s, %s, %s, %s)",
-                 (delivery, endpoint, n, timedelta(minutes=10 - n), duration_ms, result, status_code, error, excerpt))
+                 (delivery, endpoint, n, timedelta(minutes=10 - n) if ago is None else ago, duration_ms, result,
+                  status_code, error, excerpt))
 
     def token(self, ws: str, *scopes: str) -> str:
         return auth.create_token(self.conn, ws, list(scopes or (auth.READ, auth.WRITE)))

@@ -181,6 +181,8 @@ INDEXES = {
     # 0011: at most one operational endpoint per workspace; due notices.
     ("webhook_endpoints", ("workspace_id",), "(purpose = 'operational'::text)", True),
     ("breaker_notices", ("next_attempt_at",), "(sent_at IS NULL)", False),
+    # 0010: an endpoint's recent attempts (the endpoint list's 24 h rate, GET .../endpoints/stats).
+    ("webhook_delivery_attempts", ("endpoint_id", "started_at"), None, False),
 }
 
 CHECKED_VALUES = {

@@ -31,6 +31,7 @@ from dispatcher.api.resources import (
     Delivery,
     Endpoint,
     Endpoints,
+    EndpointStats,
     EventDeliveries,
     Health,
     HealthCheck,
@@ -51,6 +52,8 @@ ROUTES: tuple[tuple[str, type], ...] = (
     ("/v2/webhooks/deliveries/{delivery_id}", Delivery),
     ("/v2/webhooks/deliveries/{delivery_id}/replay", Replay),
     ("/v2/events/{event_id}/deliveries", EventDeliveries),
+    # A literal segment wins over a field in Falcon's router: "stats" is never an endpoint id.
+    ("/v2/webhooks/endpoints/stats", EndpointStats),
     ("/v2/webhooks/endpoints/{endpoint_id}", Endpoint),
     ("/v2/webhooks/endpoints/{endpoint_id}/recover", Recover),
     ("/v2/webhooks/endpoints", Endpoints),

@@ -22,6 +22,10 @@ MAX_ID = 2**63 - 1  # bigint
 MAX_EVENT_ID_CHARS = 255
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 50
+# GET /v2/webhooks/endpoints/stats: how far back, and in how many buckets.
+DEFAULT_STATS_WINDOW = 86400
+MIN_STATS_WINDOW, MAX_STATS_WINDOW = 3600, 7 * 86400
+DEFAULT_STATS_BUCKETS, MAX_STATS_BUCKETS = 24, 96
 STATUSES = ("pending", "delivered", "failed", "dead")
 
 _INT = re.compile(r"[0-9]{1,19}")
@@ -29,6 +33,8 @@ _INT = re.compile(r"[0-9]{1,19}")
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
 )
+_WINDOW = re.compile(r"([0-9]{1,4})([mhd])")
+_WINDOW_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CURSOR_BODY = re.compile(r"d1:([0-9]{1,19})")
 
@@ -73,13 +79,34 @@ def query_int(req: falcon.Request, name: str) -> int | None:
     return int(text)
 
 
-def limit(req: falcon.Request) -> int:
-    text = single(req, "limit")
+def _int_from_one(req: falcon.Request, name: str, highest: int, default: int) -> int:
+    text = single(req, name)
     if text is None:
-        return DEFAULT_LIMIT
-    if not _INT.fullmatch(text) or not 1 <= int(text) <= MAX_LIMIT:
-        raise bad_request(f"limit must be an integer from 1 to {MAX_LIMIT}")
+        return default
+    if not _INT.fullmatch(text) or not 1 <= int(text) <= highest:
+        raise bad_request(f"{name} must be an integer from 1 to {highest}")
     return int(text)
+
+
+def limit(req: falcon.Request) -> int:
+    return _int_from_one(req, "limit", MAX_LIMIT, DEFAULT_LIMIT)
+
+
+def stats_buckets(req: falcon.Request) -> int:
+    return _int_from_one(req, "buckets", MAX_STATS_BUCKETS, DEFAULT_STATS_BUCKETS)
+
+
+def stats_window(req: falcon.Request) -> int:
+    """The ``window`` parameter in seconds: whole minutes, hours or days, from 1h to 7d."""
+    text = single(req, "window")
+    if text is None:
+        return DEFAULT_STATS_WINDOW
+    match = _WINDOW.fullmatch(text)
+    seconds = int(match.group(1)) * _WINDOW_UNIT_SECONDS[match.group(2)] if match else 0
+    if not MIN_STATS_WINDOW <= seconds <= MAX_STATS_WINDOW:
+        raise bad_request("window must be a duration from 1h to 7d written as a whole number and a unit, "
+                          "e.g. 90m, 24h or 7d")
+    return seconds
 
 
 def status(req: falcon.Request) -> str | None:

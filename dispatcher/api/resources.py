@@ -362,6 +362,50 @@ class AuditLog:
         resp.media = _page(rows, limit, audit_json)
 
 
+def _rate(succeeded: int, attempts: int) -> float | None:
+    return None if attempts == 0 else round(succeeded / attempts, 4)
+
+
+def _stats_numbers(row: dict[str, Any] | None) -> dict[str, Any]:
+    attempts, succeeded = (int(row["attempts"]), int(row["succeeded"])) if row else (0, 0)
+    return {"attempts": attempts, "succeeded": succeeded, "success_rate": _rate(succeeded, attempts),
+            "p95_ms": None if row is None or row["p95_ms"] is None else int(row["p95_ms"])}
+
+
+def endpoint_stats_json(stats: api_data.StatsWindow, buckets: int) -> dict[str, Any]:
+    """Every endpoint with its totals and exactly ``buckets`` buckets, oldest first (empty ones as zeros)."""
+    totals: dict[int, dict[str, Any]] = {}
+    by_bucket: dict[int, dict[int, dict[str, Any]]] = {}
+    for row in stats.rows:
+        if row["bucket"] is None:
+            totals[row["endpoint_id"]] = row
+        else:
+            # A float quotient can land an attempt just before `until` in bucket n.
+            by_bucket.setdefault(row["endpoint_id"], {})[min(row["bucket"], buckets - 1)] = row
+    step = timedelta(seconds=stats.bucket_seconds)
+    data = [{"endpoint_id": endpoint_id, **_stats_numbers(total),
+             "buckets": [{"start": (stats.since + step * n).isoformat(),
+                          **_stats_numbers(by_bucket.get(endpoint_id, {}).get(n))} for n in range(buckets)]}
+            for endpoint_id, total in totals.items()]
+    return {"since": stats.since.isoformat(), "until": stats.until.isoformat(),
+            "window_seconds": round((stats.until - stats.since).total_seconds()),
+            "bucket_seconds": stats.bucket_seconds, "data": data}
+
+
+class EndpointStats:
+    """GET /v2/webhooks/endpoints/stats: every endpoint's success rate and p95 duration, in time buckets."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            params.only(req, "window", "buckets")
+            window, buckets = params.stats_window(req), params.stats_buckets(req)
+            stats = api_data.endpoint_stats(conn, who.workspace_id, window, buckets)
+        resp.media = endpoint_stats_json(stats, buckets)
+
+
 def _recover_window(body: Any, max_age: float) -> tuple[datetime, datetime | None]:
     if not isinstance(body, dict):
         raise bad_request('the body must be a JSON object like {"since": "2026-09-01T00:00:00Z"}')

@@ -171,8 +171,10 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- No endpoint_state row means the engine never recorded a failure: closed,
 -- zero failures. The pending aggregate walks the endpoint's slice of
 -- webhook_deliveries_due, the success rate its last 24 h of attempts
--- (webhook_delivery_attempts_endpoint, 0010). Attempts labelled 'failed' are
--- rows ended without a request (endpoint gone, event gone): not counted.
+-- (webhook_delivery_attempts_endpoint, 0010), counting what
+-- api_endpoint_stats counts: attempts with a response or a transport failure
+-- the breaker counts; shadow rows, blocked URLs and rows ended without a
+-- request (endpoint gone, event gone) are not.
 -- The secrets themselves are never selected here. Only customer endpoints:
 -- the workspace's operational endpoint (migration 0011) is the notifier's,
 -- kept in step with workspaces.notify_webhook_url, and is not the customer's
@@ -200,7 +202,9 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
  CROSS JOIN LATERAL (
         SELECT count(*) AS attempts, count(*) FILTER (WHERE a.result = 'delivered') AS delivered
           FROM webhook_delivery_attempts a
-         WHERE a.endpoint_id = e.id AND a.started_at > now() - interval '24 hours' AND a.result <> 'failed'
+         WHERE a.endpoint_id = e.id AND a.started_at > now() - interval '24 hours'
+           -- The attempts that went on the wire, as api_endpoint_stats counts them.
+           AND (a.status_code IS NOT NULL OR a.result = ANY (%(sent_errors)s::text[]))
        ) r
  WHERE e.purpose = 'customer'
    AND (%(workspace_id)s::text IS NULL OR e.workspace_id = %(workspace_id)s::text)
@@ -311,3 +315,35 @@ SELECT d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash, 0, 'pending', 
  WHERE d.id = ANY (%(ids)s::bigint[]) AND d.workspace_id = %(workspace_id)s
  ORDER BY d.id
 RETURNING id;
+
+-- name: api_clock
+-- The database's now(), stable for the rest of the transaction.
+SELECT now() AS now;
+
+-- name: api_endpoint_stats
+-- Per endpoint of the workspace (active or not): the attempts that went on
+-- the wire in [since, until), per bucket of bucket_seconds and in total (the
+-- bucket IS NULL row, which also exists for an endpoint with no attempts).
+-- An attempt went on the wire when it got a status code or failed with one
+-- of the transport errors the breaker counts (policy.RETRYABLE_ERRORS, passed
+-- in): shadow rows (delivered unsent, no status), rows that could never be
+-- sent and URLs the outbound policy blocked say nothing about the endpoint's
+-- health, as for the breaker.  Served by webhook_delivery_attempts_endpoint
+-- (0010): one index range per endpoint of the workspace (docs/api.md has the
+-- plan and the measurements, and why the index does not include the columns).
+SELECT e.id AS endpoint_id, s.bucket, s.attempts, s.succeeded, s.p95_ms
+  FROM webhook_endpoints e
+ CROSS JOIN LATERAL (
+        SELECT floor(extract(epoch FROM a.started_at - %(since)s::timestamptz)
+                     / %(bucket_seconds)s::float8)::int AS bucket,
+               count(*) AS attempts,
+               count(*) FILTER (WHERE a.result = 'delivered') AS succeeded,
+               percentile_disc(0.95) WITHIN GROUP (ORDER BY a.duration_ms) AS p95_ms
+          FROM webhook_delivery_attempts a
+         WHERE a.endpoint_id = e.id
+           AND a.started_at >= %(since)s::timestamptz AND a.started_at < %(until)s::timestamptz
+           AND (a.status_code IS NOT NULL OR a.result = ANY (%(sent_errors)s::text[]))
+         GROUP BY GROUPING SETS ((bucket), ())
+       ) s
+ WHERE e.workspace_id = %(workspace_id)s
+ ORDER BY e.id, s.bucket NULLS FIRST;

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from dispatcher.policy import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED
+from dispatcher.policy import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED, RETRYABLE_ERRORS
 from dispatcher.store import (
     Audit,
     Connection,
@@ -42,6 +42,11 @@ DELIVERY_COLUMNS = (
 EXCERPT_BYTES = 256
 
 Row = dict[str, Any]
+# The transport failures the breaker counts (policy.RETRYABLE_ERRORS): with the
+# attempts that got a status code, the attempts that went on the wire, which the
+# success rates count.  Blocked URLs, shadow rows and rows that could never be
+# sent say nothing about the endpoint's health.
+SENT_ERRORS = sorted(RETRYABLE_ERRORS)
 
 
 class Conflict(StoreError):
@@ -61,6 +66,16 @@ class DeliveryFilter:
 class RecoverResult:
     queued: int
     units: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsWindow:
+    """The rows of ``api_endpoint_stats`` and the window they cover (database clock)."""
+
+    since: datetime
+    until: datetime
+    bucket_seconds: float
+    rows: list[Row]
 
 
 def session_setup(conn: Connection, statement_timeout_ms: int) -> None:
@@ -233,7 +248,8 @@ def endpoints(conn: Connection, workspace_id: str | None, grace: float, before_i
     """A page of endpoints with breaker, backlog and 24 h success figures (workspace None: any)."""
     with transaction(conn):
         return query_rows(conn, "api_endpoints", {"workspace_id": workspace_id, "id": endpoint_id,
-                                                  "before_id": before_id, "limit": limit, "grace": grace})
+                                                  "before_id": before_id, "limit": limit, "grace": grace,
+                                                  "sent_errors": SENT_ERRORS})
 
 
 def endpoint_state(conn: Connection, workspace_id: str | None, endpoint_id: int, grace: float) -> Row:
@@ -360,3 +376,15 @@ def _limit_reached() -> Iterator[None]:
         yield
     except QueryRejected as exc:
         raise limit_or(exc) from None
+
+
+def endpoint_stats(conn: Connection, workspace_id: str, window_seconds: int, buckets: int) -> StatsWindow:
+    """Each endpoint's attempts of the last ``window_seconds``, in ``buckets`` equal buckets and in total."""
+    with transaction(conn):
+        until = query_rows(conn, "api_clock")[0]["now"]
+        since = until - timedelta(seconds=window_seconds)
+        bucket_seconds = window_seconds / buckets
+        rows = query_rows(conn, "api_endpoint_stats", {
+            "workspace_id": workspace_id, "since": since, "until": until, "bucket_seconds": bucket_seconds,
+            "sent_errors": SENT_ERRORS})
+    return StatsWindow(since, until, bucket_seconds, rows)
