@@ -414,6 +414,110 @@ class TestBadInput:
         assert nothing_written(db)
 
 
+def nested(depth: int, kind: type = list) -> dict[str, Any]:
+    """A payload ``depth`` containers deep (the payload object itself is level 1), built without recursion."""
+    inner: Any = 1
+    for _ in range(depth - 1):
+        inner = [inner] if kind is list else {"k": inner}
+    return {"k": inner}
+
+
+class TestLimits:
+    """Hostile producers (issue 13 item 2): a huge or deeply nested payload, an id that cannot be a header.
+    Each is refused by ``send`` before any statement, so the caller's transaction stays usable."""
+
+    LIMIT = 256 * 1024
+
+    @pytest.fixture(autouse=True)
+    def workspace(self, db: Database) -> None:
+        make_workspace(db, "ws", outbox=True)
+        add_endpoint(db, "ws", "http://127.0.0.1:9/all")
+
+    def refused(self, db: Database, sender: WebhookSender, conn: CountingConnection, event: Event,
+                match: str) -> None:
+        """``send`` raises ProducerError before any statement; the caller's transaction commits other work."""
+        open_transaction(conn)
+        conn.statements.clear()
+        with pytest.raises(ProducerError, match=match):
+            sender.send(conn, event)
+        assert conn.statements == []
+        assert conn.status == psycopg2.extensions.STATUS_IN_TRANSACTION
+        other = sender.send(conn, job())
+        conn.commit()
+        assert [row[0] for row in db.query("SELECT id FROM events")] == [other.id]
+        assert count(db, "webhook_deliveries", "event_id <> %s", (other.id,)) == 0
+
+    def test_a_50_mb_payload_is_refused_and_nothing_is_written(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        self.refused(db, sender, conn, Event("ws", "job.created", {"blob": "x" * 50_000_000}),
+                     match=r"payload is 50000011 bytes of JSON, over producer.max_payload_bytes \(262144\)")
+
+    def test_the_size_limit_is_the_serialized_json_in_bytes(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        overhead = len('{"blob":""}')
+        # Non-ASCII counts by its UTF-8 bytes (what is stored and sent), not by its \u escapes:
+        # 'é' is two bytes, so this payload is one byte over.
+        over = {"blob": "é" * ((self.LIMIT - overhead) // 2) + "xx"}
+        self.refused(db, sender, conn, Event("ws", "job.created", over),
+                     match=r"payload is 262145 bytes of JSON, over producer.max_payload_bytes")
+        at_limit = {"blob": "x" * (self.LIMIT - overhead)}
+        stored = sender.send(conn, Event("ws", "job.created", at_limit))
+        conn.commit()
+        assert db.query("SELECT payload FROM events WHERE id = %s", (stored.id,)) == [(at_limit,)]
+
+    def test_the_limit_is_configurable(self, db: Database, write_config: WriteConfig,
+                                       conn: CountingConnection) -> None:
+        small = WebhookSender(load_config(write_config(db, producer__max_payload_bytes=100), env={}))
+        with pytest.raises(ProducerError, match=r"over producer.max_payload_bytes \(100\)"):
+            small.send(conn, Event("ws", "job.created", {"blob": "x" * 100}))
+        assert conn.statements == []
+
+    @pytest.mark.parametrize(("depth", "kind"), [(65, list), (65, dict), (100_000, list), (100_000, dict)],
+                             ids=["65-lists", "65-dicts", "100k-lists", "100k-dicts"])
+    def test_deep_nesting_is_a_producer_error_not_a_recursion_error(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, depth: int, kind: type
+    ) -> None:
+        self.refused(db, sender, conn, Event("ws", "job.created", nested(depth, kind)),
+                     match="payload is nested deeper than 64 levels")
+
+    def test_64_levels_are_stored_as_sent(self, db: Database, sender: WebhookSender,
+                                          conn: CountingConnection) -> None:
+        payload = nested(64, dict)
+        stored = sender.send(conn, Event("ws", "job.created", payload))
+        conn.commit()
+        assert db.query("SELECT payload FROM events WHERE id = %s", (stored.id,)) == [(payload,)]
+
+    @pytest.mark.parametrize(("event_id", "problem"), [
+        ("", "is empty"),
+        ("evt\r\nX-Injected: 1", "control character"),
+        ("evt\n1", "control character"),
+        ("evt\t1", "control character"),
+        ("evt\x00", "control character"),
+        ("evt\x7f", "control character"),
+        ("evt 1", "space"),
+        ("évt", "non-ASCII"),
+        ("evt-\U0001f600", "non-ASCII"),
+        ("x" * 201, "201 characters, over 200"),
+        (42, "not a string"),
+    ], ids=["empty", "crlf", "lf", "tab", "nul", "del", "space", "latin1", "emoji", "201-chars", "not-text"])
+    def test_bad_event_ids_are_refused_naming_the_problem(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, event_id: Any, problem: str
+    ) -> None:
+        self.refused(db, sender, conn, Event("ws", "job.created", {}, id=event_id),
+                     match=f"event id .*{re.escape(problem)}")
+
+    @pytest.mark.parametrize("event_id", ["x" * 200, "evt_01HZ:a-b.c~d!$&'()*+,;=/?@[]{}|^`\"<>%#\\"])
+    def test_visible_ascii_ids_up_to_200_characters_are_accepted(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, event_id: str
+    ) -> None:
+        stored = sender.send(conn, Event("ws", "job.created", {}, id=event_id))
+        conn.commit()
+        assert stored.id == event_id
+        assert count(db, "webhook_deliveries", "event_id = %s", (event_id,)) == 1
+
+
 # ---------------------------------------------------------------- sequences
 
 
