@@ -518,6 +518,38 @@ class TestLimits:
         assert count(db, "webhook_deliveries", "event_id = %s", (event_id,)) == 1
 
 
+class TestWorkspaceScope:
+    """Event ids are unique per workspace, not globally (decisions 2026-12-01; migration 0009)."""
+
+    def test_the_same_id_in_two_workspaces_both_commit_with_their_own_event(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        for workspace_id in ("acme", "globex"):
+            make_workspace(db, workspace_id, outbox=True)
+            add_endpoint(db, workspace_id, f"http://127.0.0.1:9/{workspace_id}")
+        with admin(db) as other:  # another producer, committed first
+            sender.send(other, Event("globex", "job.completed", {"of": "globex"}, id="evt_1"))
+            other.commit()
+        sender.send(conn, Event("acme", "job.created", {"of": "acme"}, id="evt_1"))
+        conn.commit()
+        assert sorted(db.query("SELECT workspace_id, type, payload FROM events WHERE id = 'evt_1'")) == [
+            ("acme", "job.created", {"of": "acme"}), ("globex", "job.completed", {"of": "globex"})]
+        assert sorted(db.query("SELECT d.workspace_id, e.url FROM webhook_deliveries d "
+                               "JOIN webhook_endpoints e ON e.id = d.endpoint_id WHERE d.event_id = 'evt_1'")) == [
+            ("acme", "http://127.0.0.1:9/acme"), ("globex", "http://127.0.0.1:9/globex")]
+
+    def test_an_id_used_twice_in_one_workspace_is_still_refused(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        make_workspace(db, "acme", outbox=True)
+        sender.send(conn, Event("acme", "job.created", {}, id="evt_1"))
+        conn.commit()
+        with pytest.raises(psycopg2.errors.UniqueViolation, match="events_pkey"):
+            sender.send(conn, Event("acme", "job.created", {}, id="evt_1"))
+        conn.rollback()
+        assert count(db, "events") == 1
+
+
 # ---------------------------------------------------------------- sequences
 
 
