@@ -32,7 +32,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from dispatcher import Event, WebhookSender, load_config, store
 from dispatcher.message import event_body
-from dispatcher.producer import ProducerError, StoredEvent
+from dispatcher.producer import ProducerError, StoredEvent, json_depth, walked_depth
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import wait_until
 from tests.conftest import TestDatabase as Database
@@ -481,6 +481,29 @@ class TestLimits:
     ) -> None:
         self.refused(db, sender, conn, Event("ws", "job.created", nested(depth, kind)),
                      match="payload is nested deeper than 64 levels")
+
+    def test_both_depth_measures_agree(self) -> None:
+        """``json_depth`` (the text, for payloads json.dumps encodes) and ``walked_depth`` (the objects,
+        for those it cannot) measure the same thing, on strings full of brackets, quotes and escapes."""
+        rng = random.Random(13)
+        tricky = ['"', "\\", '\\"', "[", "]", "{", "}", "\n", "é", "\U0001f600", "\\u005b", " ", "a"]
+
+        def value(depth: int) -> Any:
+            kind = rng.choice(["list", "dict", "tuple", "text", "number"] if depth < 12 else ["text", "number"])
+            if kind == "text":
+                return "".join(rng.choice(tricky) for _ in range(rng.randrange(6)))
+            if kind == "number":
+                return rng.choice([0, -1.5, None, True])
+            items = [value(depth + 1) for _ in range(rng.randrange(4))]
+            if kind == "dict":
+                return {"".join(rng.choice(tricky) for _ in range(3)) + str(n): item for n, item in enumerate(items)}
+            return items if kind == "list" else tuple(items)
+
+        cases = [value(0) for _ in range(400)] + [nested(d, kind) for d in (1, 2, 64, 65) for kind in (list, dict)]
+        assert {walked_depth(case, 10_000) for case in cases} >= {0, 1, 2, 5, 64, 65}
+        for case in cases:
+            text = json.dumps(case, separators=(",", ":"))
+            assert json_depth(text) == walked_depth(case, 10_000), text
 
     def test_64_levels_are_stored_as_sent(self, db: Database, sender: WebhookSender,
                                           conn: CountingConnection) -> None:

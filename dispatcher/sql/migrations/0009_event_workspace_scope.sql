@@ -5,7 +5,8 @@
 -- (workspace_id, id), and every lookup of an event -- the claim, the API,
 -- rollout checks, the expiry sweep -- names the workspace as well as the id.
 -- webhook_deliveries already carries (workspace_id, event_id); it has never
--- had a foreign key to events (0001) and gets none now.
+-- had a foreign key to events (0001) and gets none now.  Writers that say
+-- ON CONFLICT (id) on events must now say ON CONFLICT (workspace_id, id).
 --
 -- Cost on a populated table.  Migrations run in one transaction, so the
 -- index cannot be built CONCURRENTLY; it is built first, under a SHARE lock
