@@ -40,7 +40,7 @@ UPDATE webhook_deliveries d
   FROM c
  WHERE d.id = c.id
 RETURNING d.id, d.event_id, (SELECT url FROM webhook_endpoints e WHERE e.id = d.endpoint_id),
-          (SELECT payload::text FROM events ev WHERE ev.id = d.event_id)
+          (SELECT payload::text FROM events ev WHERE ev.workspace_id = d.workspace_id AND ev.id = d.event_id)
 """
 
 DONE = """

@@ -311,6 +311,10 @@ class ApiConfig:
 class ProducerConfig:
     shadow_writes: bool = setting(False, _boolean, "flag off: also write mode='shadow' rows (rollout phase 0)")
     legacy_timeout: float = setting(5.0, parse_duration, "timeout of the synchronous path used when the flag is off")
+    # Every claimed delivery holds its event's payload in a worker's memory (issue 13: one 50 MB
+    # event to 10 endpoints took a worker to ~1 GB); decisions 2026-12-01 set 256 KiB.
+    max_payload_bytes: int = setting(256 * 1024, _positive_int,
+                                     "largest event payload send() accepts: its compact JSON, in UTF-8 bytes")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from dispatcher.breaker import BreakerSignal
 from dispatcher.config import Config
-from dispatcher.message import delivery_headers, event_body, signing_keys
+from dispatcher.message import delivery_headers, event_body, event_id_problem, signing_keys
 from dispatcher.netguard import OutboundPolicy
 from dispatcher.policy import (
     ENDPOINT_DEACTIVATED,
@@ -126,6 +126,12 @@ class DeliveryMaker:
         # must never swallow a live row (decisions 2026-12-01).
         if row.mode == "shadow":
             return Outcome(Verdict.DELIVERED, "delivered", None, BreakerSignal.IGNORE, None)
+        # The id goes into two headers: one that cannot (a row from before the
+        # producer refused such ids, or from an outside tool) fails the row here,
+        # once, instead of failing every attempt for 24 h against the breaker.
+        id_problem = event_id_problem(row.event_id)
+        if id_problem is not None:
+            return terminal(id_problem)
         try:
             keys = signing_keys([s for s in (row.secret, row.previous_secret) if s])
         except InvalidSecret as exc:

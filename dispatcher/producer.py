@@ -37,11 +37,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from dispatcher import store
-from dispatcher.config import Config
-from dispatcher.message import delivery_headers, event_body, format_timestamp, signing_keys
+from dispatcher.config import Config, ProducerConfig
+from dispatcher.message import delivery_headers, event_body, event_id_problem, format_timestamp, signing_keys
 from dispatcher.metrics import Metrics
 from dispatcher.store.producer import SendResult, send_event
 
@@ -83,7 +84,7 @@ class WebhookSender:
     def send(self, conn: store.Connection, event: Event) -> StoredEvent:
         """Outbox on: write into the caller's open transaction.  Off: POST inline (see the module docstring)."""
         started = time.perf_counter()
-        params = _statement_params(event, self._config.producer.shadow_writes)
+        params = _statement_params(event, self._config.producer)
         result = send_event(conn, params, self._config.secrets.rotation_grace)
         written = time.perf_counter()
         if result is None:
@@ -161,23 +162,106 @@ class WebhookSender:
             log.debug("producer metrics failed", exc_info=True)
 
 
-def _statement_params(event: Event, shadow_writes: bool) -> dict[str, Any]:
+# How deeply a payload may nest containers (the payload object itself is level
+# 1).  The body adds one level ("data"), and Ruby's JSON.parse refuses more than
+# 100 by default; Python's json.loads stops near 1,000; Postgres' jsonb input
+# fails past ~10,000 levels (stack depth, 2 MB max_stack_depth) and that error
+# would abort the caller's transaction.  64 is far above any real event.
+MAX_PAYLOAD_DEPTH = 64
+
+
+def _statement_params(event: Event, settings: ProducerConfig) -> dict[str, Any]:
     """Validate the event and build ``send_event``'s parameters; raises ProducerError before any SQL."""
     if not isinstance(event.type, str) or not isinstance(event.workspace_id, str) \
             or not event.type or not event.workspace_id:
         raise ProducerError("an event needs a workspace_id and a type (non-empty strings)")
-    try:
-        payload = json.dumps(event.payload, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ProducerError(f"event payload is not JSON-serialisable: {exc}") from None
-    if "\\u0000" in payload or "\\ud" in payload:  # rare: only then look closer
-        _check_storable(payload)
+    if event.id is not None and (problem := event_id_problem(event.id)) is not None:
+        raise ProducerError(problem)
+    payload = _payload_json(event.payload, settings.max_payload_bytes)
     return {
-        "workspace_id": event.workspace_id, "type": event.type, "event_id": event.id or str(uuid.uuid4()),
+        "workspace_id": event.workspace_id, "type": event.type,
+        "event_id": event.id if event.id is not None else str(uuid.uuid4()),
         "occurred_at": event.occurred_at or datetime.now(UTC), "payload": payload,
         "payload_hash": hashlib.sha256(payload.encode("utf-8")).hexdigest(),
-        "shadow_writes": shadow_writes,
+        "shadow_writes": settings.shadow_writes,
     }
+
+
+def _payload_json(payload: Any, max_bytes: int) -> str:
+    """The payload as compact JSON text, once it is known to be storable, small and shallow enough."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ProducerError(f"event payload is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        # The C encoder recurses once per level; this walk does not, so it
+        # names the depth (100,000 levels end here, not in a RecursionError).
+        _check_depth(walked_depth(payload, MAX_PAYLOAD_DEPTH + 1))
+        raise ProducerError("event payload nests too deeply to encode here (Python's recursion limit)") from None
+    _check_size(payload, text, max_bytes)
+    # A payload cannot nest deeper than it has brackets: most are never measured.
+    if text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH:
+        _check_depth(json_depth(text))
+    if "\\u0000" in text or "\\ud" in text:  # rare: only then look closer
+        _check_storable(text)
+    return text
+
+
+def _check_size(payload: Any, text: str, max_bytes: int) -> None:
+    """Refuse a payload whose compact JSON is over ``max_bytes`` in UTF-8 (as stored and sent).
+
+    ``text`` escapes every non-ASCII character (``\\u00e9``: six bytes for
+    two), so it is never shorter than the UTF-8 form: only a payload over the
+    limit in that form and holding escapes is measured again.
+    """
+    size = len(text)
+    if size > max_bytes and "\\u" in text:
+        size = len(json.dumps(payload, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+                   .encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise ProducerError(f"event payload is {size} bytes of JSON, over producer.max_payload_bytes ({max_bytes})")
+
+
+def _check_depth(depth: int) -> None:
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise ProducerError(f"event payload is nested deeper than {MAX_PAYLOAD_DEPTH} levels")
+
+
+# Everything of ASCII JSON text but brackets and quotes (json.dumps escapes all else).
+_SKELETON = str.maketrans("", "", "".join(chr(c) for c in range(128) if chr(c) not in '[]{}"'))
+_LEVEL_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def json_depth(text: str) -> int:
+    """How deeply ``json.dumps`` text (ASCII) nests containers, in C-speed passes, no recursion.
+
+    Escaped backslashes and quotes go first, so every quote left opens or
+    closes a string; split on quotes, the even parts lie outside strings, and
+    their brackets, counted in order, give the depth.  Measured on a 94 KB
+    payload of 4,000 containers: about 0.3x the time of its ``json.dumps``,
+    where a Python walk of the objects took 1.4x to 3x.
+    """
+    if "\\" in text:
+        text = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(text.translate(_SKELETON).split('"')[::2])
+    return max(accumulate(map(_LEVEL_STEP.__getitem__, outside)), default=0)
+
+
+def walked_depth(payload: Any, stop_at: int) -> int:
+    """How deeply ``payload`` nests containers (stopping at ``stop_at``), with a stack, not recursion.
+
+    For a payload ``json.dumps`` cannot encode for recursion; ``json_depth``
+    measures the rest, and tests hold the two to the same cases.
+    """
+    containers = dict | list | tuple  # what json.dumps nests (subclasses included)
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(payload, 1)] if isinstance(payload, containers) else []
+    while pending and deepest < stop_at:
+        value, depth = pending.pop()
+        deepest = max(deepest, depth)
+        items = value.values() if isinstance(value, dict) else value
+        pending.extend((item, depth + 1) for item in items if isinstance(item, containers))
+    return deepest
 
 
 def _check_storable(payload: str) -> None:

@@ -209,6 +209,33 @@ def test_other_workspaces_ids_are_404_as_if_they_did_not_exist(world, make_clien
     assert world.sql("SELECT count(*) FROM api_replay_ledger") == [(0,)]
 
 
+def test_an_event_id_used_by_two_workspaces_shows_each_only_its_own_event(world, make_client) -> None:
+    """Event ids are unique per workspace (migration 0009): every lookup by id is a lookup
+    by (workspace, id), so acme never sees globex's event, its type or its deliveries."""
+    client = make_client()
+    acme, globex = world.workspace("acme"), world.workspace("globex")
+    ep_acme, ep_globex = world.endpoint(acme), world.endpoint(globex, "https://globex.example.test/")
+    mine = world.delivery(acme, ep_acme, world.event(acme, "evt_shared", "job.created"), "dead")
+    theirs = world.delivery(globex, ep_globex, world.event(globex, "evt_shared", "job.completed"), "dead")
+    world.event(globex, "evt_only_globex")
+    token = world.token(acme)
+    history = client.simulate_get("/v2/events/evt_shared/deliveries", headers=bearer(token))
+    assert [(d["id"], d["event_type"]) for d in history.json["data"]] == [(mine, "job.created")]
+    listed = client.simulate_get("/v2/webhooks/deliveries", query_string="event_id=evt_shared", headers=bearer(token))
+    assert [(d["id"], d["event_type"]) for d in listed.json["data"]] == [(mine, "job.created")]
+    assert client.simulate_get(f"/v2/webhooks/deliveries/{mine}", headers=bearer(token)).json["event_type"] == \
+        "job.created"
+    assert_problem(client.simulate_get("/v2/events/evt_only_globex/deliveries", headers=bearer(token)), 404)
+    replay = client.simulate_post(f"/v2/webhooks/deliveries/{mine}/replay", headers=bearer(token))
+    assert replay.status_code == 202 and replay.json["event_type"] == "job.created"
+    recover = client.simulate_post(f"/v2/webhooks/endpoints/{ep_acme}/recover", headers=bearer(token),
+                                   json={"since": (datetime.now(UTC) - timedelta(days=1)).isoformat()})
+    assert recover.status_code == 202, recover.text
+    assert world.sql("SELECT workspace_id, count(*) FROM webhook_deliveries WHERE event_id = 'evt_shared' "
+                     "GROUP BY workspace_id ORDER BY 1") == [("acme", 2), ("globex", 1)]
+    assert world.sql("SELECT status FROM webhook_deliveries WHERE id = %s", (theirs,)) == [("dead",)]
+
+
 # --- history -------------------------------------------------------------------------------------
 
 

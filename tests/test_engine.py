@@ -8,9 +8,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
 import pytest
 from standardwebhooks import Webhook
 
+from dispatcher import Event, WebhookSender, load_config
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import (
     SECRET,
@@ -20,6 +22,7 @@ from dispatcher_devtools.kit import (
     produce,
     query,
     seed_workspace,
+    seed_workspaces,
     status_counts,
     wait_until,
 )
@@ -61,6 +64,32 @@ def test_delivers_signed_posts_with_every_header(db, write_config, tmp_path: Pat
         assert headers["User-Agent"].startswith("Larkspur-Webhooks/")
     attempts = query(db.dsn, "SELECT result, status_code, attempt FROM webhook_delivery_attempts")
     assert sorted(attempts) == [("delivered", 200, 1)] * 5
+
+
+def test_one_event_id_in_two_workspaces_is_delivered_to_each_with_its_own_event(
+        db, write_config, tmp_path: Path, capturing_server: CaptureServer) -> None:
+    """Event ids are unique per workspace (migration 0009).  The rows of both events are
+    claimed together, two endpoints each, and every POST carries its own workspace's
+    event: the claim looks events up, and shares one payload string, by (workspace, id)."""
+    workspaces = ("acme", "globex")
+    conn = psycopg2.connect(db.dsn)
+    try:
+        seed_workspaces(conn, {ws: [f"{capturing_server.url}/{ws}/{n}" for n in (1, 2)] for ws in workspaces})
+        config = write_config(db)
+        with WebhookSender(load_config(config, env={})).transaction(conn) as tx:
+            for ws in workspaces:
+                tx.send(Event(ws, f"job.{ws}", {"of": ws}, id="evt_shared"))
+    finally:
+        conn.close()
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 4, message="4 deliveries")
+    verifier = Webhook(as_standard_secret(SECRET))
+    seen = []
+    for path, headers, body in capturing_server.captured:
+        event = verifier.verify(body, {k.lower(): v for k, v in headers.items()})
+        seen.append((path, headers["webhook-id"], event["workspace_id"], event["type"], event["data"]))
+    assert sorted(seen) == [(f"/{ws}/{n}", "evt_shared", ws, f"job.{ws}", {"of": ws})
+                            for ws in workspaces for n in (1, 2)]
 
 
 def test_retries_with_growing_gaps_then_dead(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:

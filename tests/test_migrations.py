@@ -155,7 +155,7 @@ CONTRACT: dict[str, dict[str, Column]] = {
 PRIMARY_KEYS = {
     "workspaces": ("id",),
     "webhook_endpoints": ("id",),
-    "events": ("id",),
+    "events": ("workspace_id", "id"),  # 0009: event ids are unique per workspace
     "webhook_deliveries": ("id",),
     "webhook_delivery_attempts": ("id",),
     "endpoint_state": ("endpoint_id",),

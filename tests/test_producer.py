@@ -32,7 +32,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from dispatcher import Event, WebhookSender, load_config, store
 from dispatcher.message import event_body
-from dispatcher.producer import ProducerError, StoredEvent
+from dispatcher.producer import ProducerError, StoredEvent, json_depth, walked_depth
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import wait_until
 from tests.conftest import TestDatabase as Database
@@ -412,6 +412,165 @@ class TestBadInput:
         assert conn.statements == []
         conn.commit()
         assert nothing_written(db)
+
+
+def nested(depth: int, kind: type = list) -> dict[str, Any]:
+    """A payload ``depth`` containers deep (the payload object itself is level 1), built without recursion."""
+    inner: Any = 1
+    for _ in range(depth - 1):
+        inner = [inner] if kind is list else {"k": inner}
+    return {"k": inner}
+
+
+class TestLimits:
+    """Hostile producers (issue 13 item 2): a huge or deeply nested payload, an id that cannot be a header.
+    Each is refused by ``send`` before any statement, so the caller's transaction stays usable."""
+
+    LIMIT = 256 * 1024
+
+    @pytest.fixture(autouse=True)
+    def workspace(self, db: Database) -> None:
+        make_workspace(db, "ws", outbox=True)
+        add_endpoint(db, "ws", "http://127.0.0.1:9/all")
+
+    def refused(self, db: Database, sender: WebhookSender, conn: CountingConnection, event: Event,
+                match: str) -> None:
+        """``send`` raises ProducerError before any statement; the caller's transaction commits other work."""
+        open_transaction(conn)
+        conn.statements.clear()
+        with pytest.raises(ProducerError, match=match):
+            sender.send(conn, event)
+        assert conn.statements == []
+        assert conn.status == psycopg2.extensions.STATUS_IN_TRANSACTION
+        other = sender.send(conn, job())
+        conn.commit()
+        assert [row[0] for row in db.query("SELECT id FROM events")] == [other.id]
+        assert count(db, "webhook_deliveries", "event_id <> %s", (other.id,)) == 0
+
+    def test_a_50_mb_payload_is_refused_and_nothing_is_written(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        self.refused(db, sender, conn, Event("ws", "job.created", {"blob": "x" * 50_000_000}),
+                     match=r"payload is 50000011 bytes of JSON, over producer.max_payload_bytes \(262144\)")
+
+    def test_the_size_limit_is_the_serialized_json_in_bytes(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        overhead = len('{"blob":""}')
+        # Non-ASCII counts by its UTF-8 bytes (what is stored and sent), not by its \u escapes:
+        # 'é' is two bytes, so this payload is one byte over.
+        over = {"blob": "é" * ((self.LIMIT - overhead) // 2) + "xx"}
+        self.refused(db, sender, conn, Event("ws", "job.created", over),
+                     match=r"payload is 262145 bytes of JSON, over producer.max_payload_bytes")
+        at_limit = {"blob": "x" * (self.LIMIT - overhead)}
+        stored = sender.send(conn, Event("ws", "job.created", at_limit))
+        conn.commit()
+        assert db.query("SELECT payload FROM events WHERE id = %s", (stored.id,)) == [(at_limit,)]
+
+    def test_the_limit_is_configurable(self, db: Database, write_config: WriteConfig,
+                                       conn: CountingConnection) -> None:
+        small = WebhookSender(load_config(write_config(db, producer__max_payload_bytes=100), env={}))
+        with pytest.raises(ProducerError, match=r"over producer.max_payload_bytes \(100\)"):
+            small.send(conn, Event("ws", "job.created", {"blob": "x" * 100}))
+        assert conn.statements == []
+
+    @pytest.mark.parametrize(("depth", "kind"), [(65, list), (65, dict), (100_000, list), (100_000, dict)],
+                             ids=["65-lists", "65-dicts", "100k-lists", "100k-dicts"])
+    def test_deep_nesting_is_a_producer_error_not_a_recursion_error(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, depth: int, kind: type
+    ) -> None:
+        self.refused(db, sender, conn, Event("ws", "job.created", nested(depth, kind)),
+                     match="payload is nested deeper than 64 levels")
+
+    def test_both_depth_measures_agree(self) -> None:
+        """``json_depth`` (the text, for payloads json.dumps encodes) and ``walked_depth`` (the objects,
+        for those it cannot) measure the same thing, on strings full of brackets, quotes and escapes."""
+        rng = random.Random(13)
+        tricky = ['"', "\\", '\\"', "[", "]", "{", "}", "\n", "é", "\U0001f600", "\\u005b", " ", "a"]
+
+        def value(depth: int) -> Any:
+            kind = rng.choice(["list", "dict", "tuple", "text", "number"] if depth < 12 else ["text", "number"])
+            if kind == "text":
+                return "".join(rng.choice(tricky) for _ in range(rng.randrange(6)))
+            if kind == "number":
+                return rng.choice([0, -1.5, None, True])
+            items = [value(depth + 1) for _ in range(rng.randrange(4))]
+            if kind == "dict":
+                return {"".join(rng.choice(tricky) for _ in range(3)) + str(n): item for n, item in enumerate(items)}
+            return items if kind == "list" else tuple(items)
+
+        cases = [value(0) for _ in range(400)] + [nested(d, kind) for d in (1, 2, 64, 65) for kind in (list, dict)]
+        assert {walked_depth(case, 10_000) for case in cases} >= {0, 1, 2, 5, 64, 65}
+        for case in cases:
+            text = json.dumps(case, separators=(",", ":"))
+            assert json_depth(text) == walked_depth(case, 10_000), text
+
+    def test_64_levels_are_stored_as_sent(self, db: Database, sender: WebhookSender,
+                                          conn: CountingConnection) -> None:
+        payload = nested(64, dict)
+        stored = sender.send(conn, Event("ws", "job.created", payload))
+        conn.commit()
+        assert db.query("SELECT payload FROM events WHERE id = %s", (stored.id,)) == [(payload,)]
+
+    @pytest.mark.parametrize(("event_id", "problem"), [
+        ("", "is empty"),
+        ("evt\r\nX-Injected: 1", "control character"),
+        ("evt\n1", "control character"),
+        ("evt\t1", "control character"),
+        ("evt\x00", "control character"),
+        ("evt\x7f", "control character"),
+        ("evt 1", "space"),
+        ("évt", "non-ASCII"),
+        ("evt-\U0001f600", "non-ASCII"),
+        ("x" * 201, "201 characters, over 200"),
+        (42, "not a string"),
+    ], ids=["empty", "crlf", "lf", "tab", "nul", "del", "space", "latin1", "emoji", "201-chars", "not-text"])
+    def test_bad_event_ids_are_refused_naming_the_problem(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, event_id: Any, problem: str
+    ) -> None:
+        self.refused(db, sender, conn, Event("ws", "job.created", {}, id=event_id),
+                     match=f"event id .*{re.escape(problem)}")
+
+    @pytest.mark.parametrize("event_id", ["x" * 200, "evt_01HZ:a-b.c~d!$&'()*+,;=/?@[]{}|^`\"<>%#\\"])
+    def test_visible_ascii_ids_up_to_200_characters_are_accepted(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection, event_id: str
+    ) -> None:
+        stored = sender.send(conn, Event("ws", "job.created", {}, id=event_id))
+        conn.commit()
+        assert stored.id == event_id
+        assert count(db, "webhook_deliveries", "event_id = %s", (event_id,)) == 1
+
+
+class TestWorkspaceScope:
+    """Event ids are unique per workspace, not globally (decisions 2026-12-01; migration 0009)."""
+
+    def test_the_same_id_in_two_workspaces_both_commit_with_their_own_event(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        for workspace_id in ("acme", "globex"):
+            make_workspace(db, workspace_id, outbox=True)
+            add_endpoint(db, workspace_id, f"http://127.0.0.1:9/{workspace_id}")
+        with admin(db) as other:  # another producer, committed first
+            sender.send(other, Event("globex", "job.completed", {"of": "globex"}, id="evt_1"))
+            other.commit()
+        sender.send(conn, Event("acme", "job.created", {"of": "acme"}, id="evt_1"))
+        conn.commit()
+        assert sorted(db.query("SELECT workspace_id, type, payload FROM events WHERE id = 'evt_1'")) == [
+            ("acme", "job.created", {"of": "acme"}), ("globex", "job.completed", {"of": "globex"})]
+        assert sorted(db.query("SELECT d.workspace_id, e.url FROM webhook_deliveries d "
+                               "JOIN webhook_endpoints e ON e.id = d.endpoint_id WHERE d.event_id = 'evt_1'")) == [
+            ("acme", "http://127.0.0.1:9/acme"), ("globex", "http://127.0.0.1:9/globex")]
+
+    def test_an_id_used_twice_in_one_workspace_is_still_refused(
+        self, db: Database, sender: WebhookSender, conn: CountingConnection
+    ) -> None:
+        make_workspace(db, "acme", outbox=True)
+        sender.send(conn, Event("acme", "job.created", {}, id="evt_1"))
+        conn.commit()
+        with pytest.raises(psycopg2.errors.UniqueViolation, match="events_pkey"):
+            sender.send(conn, Event("acme", "job.created", {}, id="evt_1"))
+        conn.rollback()
+        assert count(db, "events") == 1
 
 
 # ---------------------------------------------------------------- sequences

@@ -231,7 +231,7 @@ class Seed:
         self.n += 1
         event_id = event_id or f"e{self.n}"
         sql(self.db, "INSERT INTO events (id, workspace_id, type, sequence, payload, created_at) "
-                     "VALUES (%s, 'ws', %s, %s, '{}', now() - %s) ON CONFLICT (id) DO NOTHING",
+                     "VALUES (%s, 'ws', %s, %s, '{}', now() - %s) ON CONFLICT (workspace_id, id) DO NOTHING",
             (event_id, type_, self.n, timedelta(seconds=age_s)))
         (delivery,), = sql(self.db, """
             INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, mode, attempt,

@@ -300,8 +300,8 @@ SELECT c.id
        AND d.status IN ('dead', 'failed') AND d.mode = 'live'
        AND d.created_at >= %(since)s AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s::timestamptz)
        AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
-                        WHERE o.event_id = d.event_id AND o.endpoint_id = d.endpoint_id
-                          AND o.status IN ('pending', 'delivered'))
+                        WHERE o.workspace_id = d.workspace_id AND o.event_id = d.event_id
+                          AND o.endpoint_id = d.endpoint_id AND o.status IN ('pending', 'delivered'))
      ORDER BY d.event_id, d.id DESC
   ) c
  ORDER BY c.id;

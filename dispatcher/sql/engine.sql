@@ -117,7 +117,8 @@ WITH RECURSIVE token AS (
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token
 )
 -- The event, endpoint and workspace of each claimed row are fetched by
--- primary key, one lookup per row (a NULL when the row is gone, as a LEFT
+-- primary key (an event's is (workspace_id, id): ids are unique per
+-- workspace, migration 0009), one lookup per row (a NULL when the row is gone, as a LEFT
 -- JOIN would give).  Written as joins, the planner would hash-join the whole
 -- events table whenever its statistics say it is small -- a fresh or newly
 -- analysed table, or a cached generic plan -- and every claim then paid a
@@ -132,6 +133,7 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
        to_char((c.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
        -- An event fanned out to several endpoints is claimed as several rows:
        -- its payload is rendered and sent once per claim, on the first of them
+       -- (an event is its workspace and id: the same id in two workspaces is two events)
        -- (store/engine.py hands the same string to the others).  event_type
        -- still tells a missing event (NULL) from a shared payload.
        CASE WHEN c.nth = 1 THEN (c.ev).payload::text END AS payload,
@@ -145,8 +147,9 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
                                           (c0.ws).secret, (c0.ws).previous_secret, (c0.ws).secret_rotated_at,
                                           %(grace)s::float8) AS signing
           FROM (SELECT claimed.*,
-                       row_number() OVER (PARTITION BY claimed.event_id) AS nth,
-                       (SELECT ev FROM events ev WHERE ev.id = claimed.event_id) AS ev,
+                       row_number() OVER (PARTITION BY claimed.workspace_id, claimed.event_id) AS nth,
+                       (SELECT ev FROM events ev
+                         WHERE ev.workspace_id = claimed.workspace_id AND ev.id = claimed.event_id) AS ev,
                        (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
                        (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws
                   FROM claimed
@@ -314,7 +317,7 @@ SELECT endpoint_id, state FROM endpoint_state
 SELECT d.id, coalesce(ev.type, '') AS event_type, extract(epoch FROM now() - d.created_at)::float8 AS age
   FROM endpoint_state s
   JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id AND d.status = 'pending'
-  LEFT JOIN events ev ON ev.id = d.event_id
+  LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
  WHERE s.state <> 'closed'
    AND d.created_at <= now() - make_interval(secs => %(min_ceiling)s)
    AND (d.locked_until IS NULL OR d.locked_until < now())

@@ -51,7 +51,7 @@ RETURNING id;
 WITH event AS (
     INSERT INTO events (id, workspace_id, type, sequence, payload)
     VALUES (%(event_id)s, %(workspace_id)s, %(type)s, nextval('event_sequence'), %(payload)s::jsonb)
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (workspace_id, id) DO NOTHING  -- an event is its workspace and id (0009)
     RETURNING id
 )
 INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash)

@@ -65,14 +65,16 @@ SELECT e.id, e.workspace_id, e.type, e.created_at
  WHERE e.workspace_id = ANY (%(workspaces)s::text[])
    AND e.created_at >= %(since)s AND e.created_at < %(until)s
    AND r.id IS NULL
-   AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.mode = 'live')
+   AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live')
  ORDER BY e.created_at, e.id;
 
 -- name: gate_phase1_checked
 SELECT count(*) FROM events e
  WHERE e.workspace_id = ANY (%(workspaces)s::text[])
    AND e.created_at >= %(since)s AND e.created_at < %(until)s
-   AND EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.event_id = e.id AND d.mode = 'live');
+   AND EXISTS (SELECT 1 FROM webhook_deliveries d
+                WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live');
 
 -- name: gate_phase2
 -- docs/rollout.md defines these. Base: live, non-replay rows created in the
@@ -84,8 +86,8 @@ SELECT count(*) AS deliveries,
        count(*) FILTER (
            WHERE d.status IN ('failed', 'dead') AND d.attempt <= 1 AND coalesce(e.active, false)
              AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
-                              WHERE o.event_id = d.event_id AND o.endpoint_id = d.endpoint_id
-                                AND o.status = 'delivered')) AS never_retried
+                              WHERE o.workspace_id = d.workspace_id AND o.event_id = d.event_id
+                                AND o.endpoint_id = d.endpoint_id AND o.status = 'delivered')) AS never_retried
   FROM webhook_deliveries d
   JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
   LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id
@@ -97,12 +99,12 @@ SELECT count(*) AS deliveries,
 -- Sends the system knows were duplicates: a 2xx for an (event, endpoint)
 -- that had already had one, across rows (replays) and attempts.
 SELECT coalesce(sum(n - 1), 0) AS duplicates, count(*) AS events
-  FROM (SELECT d.event_id, d.endpoint_id, count(*) AS n
+  FROM (SELECT d.workspace_id, d.event_id, d.endpoint_id, count(*) AS n
           FROM webhook_deliveries d
           JOIN webhook_delivery_attempts a ON a.delivery_id = d.id AND a.result = 'delivered'
          WHERE d.mode = 'live' AND d.created_at >= %(since)s
            AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]))
-         GROUP BY d.event_id, d.endpoint_id
+         GROUP BY d.workspace_id, d.event_id, d.endpoint_id
         HAVING count(*) > 1) dup;
 
 -- name: gate_phase3

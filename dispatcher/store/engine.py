@@ -269,11 +269,13 @@ class EngineStore:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
             rows = _named(cur)
         # The claim sends each event's payload once (on one of its rows): every
-        # row of that event shares the one string, in memory as on the wire.
-        payloads = {row["event_id"]: row["payload"] for row in rows if row["payload"] is not None}
+        # row of that event shares the one string, in memory as on the wire.  An
+        # event is (workspace, id): ids are unique per workspace (migration 0009).
+        payloads = {(row["workspace_id"], row["event_id"]): row["payload"]
+                    for row in rows if row["payload"] is not None}
         for row in rows:
             if row["payload"] is None and row["event_type"] is not None:
-                row["payload"] = payloads.get(row["event_id"])
+                row["payload"] = payloads.get((row["workspace_id"], row["event_id"]))
         return [ClaimedRow(**row) for row in rows]
 
     def record(self, records: Sequence[AttemptRecord]) -> set[int]:

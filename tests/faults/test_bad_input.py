@@ -1,7 +1,9 @@
 """Bad data: endpoint URLs that cannot be sent to, and a row whose processing raises.
 
 URLs are inserted straight into ``webhook_endpoints``, as outside tools may
-(the CLI refuses them up front: ``tests/test_cli.py``).  The missing-event
+(the CLI refuses them up front: ``tests/test_cli.py``), and so are event ids
+that cannot be a header (rows written before the producer refused them:
+``tests/test_producer.py::TestLimits``).  The missing-event
 case is ``tests/test_engine.py::test_rows_that_can_never_be_sent_end_failed``.
 """
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts
+from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support import run_green
 from tests.support.faults import settle
@@ -94,3 +96,34 @@ def test_a_poison_row_ends_dead_and_the_worker_delivers_the_rest(db, write_confi
     assert unique == 42
     assert "attempt raised for delivery" in out["log"] and "Traceback" in out["log"]
     assert SECRET not in out["log"] and SECRET.removeprefix("whsec_") not in out["log"]
+
+
+BAD_EVENT_IDS = {  # id -> the reason the row ends with
+    "evt\r\nX-Injected: 1":
+        "event id contains a control character ('\\r' at position 3); ids are 1-200 visible ASCII characters",
+    "x" * 300: "event id is 300 characters, over 200",
+    "évt-\U0001f600":
+        "event id contains a non-ASCII character ('\\xe9' at position 0); ids are 1-200 visible ASCII characters",
+}
+
+
+def test_an_event_id_that_cannot_be_a_header_fails_the_row_without_touching_the_breaker(
+        db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:
+    """Such an id goes into Idempotency-Key and webhook-id: the request can never be
+    made, so the row ends ``failed`` at its first claim with the id rule's reason --
+    not retried for 24 h as a protocol error counted against the customer's endpoint."""
+    endpoint, = seed_workspace(db.dsn, "ws", [receiver.url("ok", "hook")])
+    config = write_config(db, retry={"base": "200ms", "jitter": 0}, breaker={"failure_threshold": 2})
+    for event_id in BAD_EVENT_IDS:
+        query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) "
+                      "VALUES (%s, 'ws', 'job.created', nextval('event_sequence'), '{}')", (event_id,))
+        query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                      "VALUES ('ws', %s, %s, 'x')", (endpoint, event_id))
+    good, = produce(config, db.dsn, "ws", 1)
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("pending", 0) == 0, message="every row finished")
+    rows = dict(query(db.dsn, "SELECT event_id, array[status, attempt::text, last_error] FROM webhook_deliveries"))
+    assert rows == {**{event_id: ["failed", "1", reason] for event_id, reason in BAD_EVENT_IDS.items()},
+                    good: ["delivered", "1", None]}
+    assert query(db.dsn, "SELECT state, consecutive_failures FROM endpoint_state") in ([], [("closed", 0)])
+    assert receiver.stats()["total"] == 1
