@@ -89,6 +89,8 @@ class WebhookSender:
         written = time.perf_counter()
         if result is None:
             raise ProducerError(f"unknown workspace {event.workspace_id!r}")
+        if result.mode == "duplicate":
+            raise ProducerError(f"workspace {event.workspace_id!r} already has an event with id {params['event_id']!r}")
         stored = StoredEvent(params["event_id"], event.workspace_id, event.type, result.mode, result.sequence,
                              result.deliveries, len(result.legacy_targets) if result.mode != "live" else 0)
         if stored.legacy_posts:
@@ -117,8 +119,8 @@ class WebhookSender:
     def _legacy_send(self, stored: StoredEvent, result: SendResult, params: Mapping[str, Any]) -> None:
         body = event_body(stored.id, stored.type, stored.workspace_id, result.sequence,
                           format_timestamp(params["occurred_at"]), result.legacy_payload or params["payload"])
-        for endpoint_id, url, secrets in result.legacy_targets:
-            self._legacy_post(stored, endpoint_id, url, body, secrets)
+        for target in result.legacy_targets:
+            self._legacy_post(stored, target.endpoint_id, target.url, body, target.secrets)
 
     def _legacy_post(self, stored: StoredEvent, endpoint_id: int, url: str, body: bytes,
                      secrets: tuple[str, ...]) -> None:

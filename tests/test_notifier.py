@@ -271,8 +271,8 @@ def test_the_operational_webhook_is_an_outbox_row_for_the_notify_endpoint(db, tm
                     (failing,)) == [(0,)]
     # Nor in legacy mode (the workspace's outbox flag off): the synchronous path's targets are customers' only.
     db.query("UPDATE workspaces SET flags = '{\"webhook_outbox\": false}'")
-    assert db.query("SELECT legacy_endpoint_ids FROM dispatcher_send_event('ws', 'legacy-1', 'job.created', NULL, "
-                    "'{}', 'h', false)") == [([failing, other],)]
+    assert db.query("SELECT jsonb_path_query_array(legacy_targets, '$[*].id') FROM dispatcher_send_event("
+                    "'ws', 'legacy-1', 'job.created', NULL, '{}', 'h', false, 86400)") == [([failing, other],)]
 
 
 def test_no_operational_webhook_to_the_failing_endpoint_itself(db, caplog: pytest.LogCaptureFixture) -> None:

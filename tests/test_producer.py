@@ -561,16 +561,22 @@ class TestWorkspaceScope:
                                "JOIN webhook_endpoints e ON e.id = d.endpoint_id WHERE d.event_id = 'evt_1'")) == [
             ("acme", "http://127.0.0.1:9/acme"), ("globex", "http://127.0.0.1:9/globex")]
 
-    def test_an_id_used_twice_in_one_workspace_is_still_refused(
+    def test_an_id_used_twice_in_one_workspace_is_a_producer_error_and_the_transaction_lives_on(
         self, db: Database, sender: WebhookSender, conn: CountingConnection
     ) -> None:
         make_workspace(db, "acme", outbox=True)
-        sender.send(conn, Event("acme", "job.created", {}, id="evt_1"))
+        add_endpoint(db, "acme", "http://127.0.0.1:9/acme")
+        sender.send(conn, Event("acme", "job.created", {"n": 1}, id="evt_1"))
         conn.commit()
-        with pytest.raises(psycopg2.errors.UniqueViolation, match="events_pkey"):
-            sender.send(conn, Event("acme", "job.created", {}, id="evt_1"))
-        conn.rollback()
-        assert count(db, "events") == 1
+        open_transaction(conn)
+        with pytest.raises(ProducerError, match="already has an event with id 'evt_1'"):
+            sender.send(conn, Event("acme", "job.created", {"n": 2}, id="evt_1"))
+        # The caller's own work in the same transaction still commits (a unique
+        # violation would have aborted it), and the first event is untouched.
+        sender.send(conn, Event("acme", "job.created", {"n": 3}, id="evt_2"))
+        conn.commit()
+        assert sorted(db.query("SELECT id, payload FROM events")) == [("evt_1", {"n": 1}), ("evt_2", {"n": 3})]
+        assert count(db, "webhook_deliveries") == 2
 
 
 # ---------------------------------------------------------------- sequences

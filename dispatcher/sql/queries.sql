@@ -52,16 +52,6 @@ UPDATE workspaces
  WHERE id = %(id)s
 RETURNING id, owner_contact, notify_webhook_url;
 
--- name: legacy_signing_secrets
--- The flag-off path's signing secrets per target endpoint, by the claim's own
--- rule (dispatcher_signing_secrets, migration 0010). Run after send_event, on
--- the caller's connection, only when there are legacy POSTs to make.
-SELECT e.id,
-       dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
-                                  w.secret, w.previous_secret, w.secret_rotated_at, %(grace)s::float8) AS secrets
-  FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
- WHERE e.id = ANY (%(ids)s::bigint[]);
-
 -- name: workspace_exists
 SELECT 1 FROM workspaces WHERE id = %(id)s;
 
@@ -81,13 +71,12 @@ SELECT status, count(*) FROM webhook_deliveries
 
 -- name: send_event
 -- The producer's single round trip (2 ms p99 budget), inside the caller's
--- transaction: dispatcher_send_event (migration 0008) decides the mode from
+-- transaction: dispatcher_send_event (migration 0012) decides the mode from
 -- the rollout rule, numbers the event from a SEQUENCE (no row lock),
--- inserts the event and one delivery per active subscribed endpoint, and
--- returns what the legacy synchronous path needs when the outbox is off. A
--- function so that its plans are cached per session: this statement is all
--- Postgres plans per call.
-SELECT mode, sequence, deliveries, secret, previous_secret, in_grace,
-       legacy_urls, legacy_payload, legacy_endpoint_ids
+-- inserts the event and one delivery per active subscribed customer
+-- endpoint, and returns what the legacy synchronous path needs when the
+-- outbox is off. A function so that its plans are cached per session: this
+-- call is all Postgres plans per send.
+SELECT mode, sequence, deliveries, legacy_targets, legacy_payload
   FROM dispatcher_send_event(%(workspace_id)s, %(event_id)s, %(type)s, %(occurred_at)s::timestamptz,
-                             %(payload)s::jsonb, %(payload_hash)s, %(shadow_writes)s);
+                             %(payload)s::jsonb, %(payload_hash)s, %(shadow_writes)s, %(grace)s::float8);

@@ -1,6 +1,6 @@
 -- Rollout controls and gate reports (issue 10). Executed only by
 -- dispatcher/store/rollout.py. The outbox decision itself lives in the
--- SQL functions of migration 0004, called by dispatcher_send_event (0008).
+-- SQL functions of migration 0004, called by dispatcher_send_event (0012).
 
 -- name: rollout_percent
 SELECT percent, updated_at FROM rollout_settings;

@@ -10,41 +10,39 @@ from dispatcher.store import QUERIES, Connection
 
 
 @dataclass(frozen=True, slots=True)
+class LegacyTarget:
+    """An endpoint the flag-off path POSTs to, with its signing secrets (its own once it has one, else its
+    workspace's; the previous one too while a rotation is younger than secrets.rotation_grace)."""
+
+    endpoint_id: int
+    url: str
+    secrets: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SendResult:
     """What ``send_event`` wrote, and what the legacy path needs when the outbox is off."""
 
-    mode: str | None                     # 'live', 'shadow' or None (nothing written)
+    # 'live', 'shadow', None (outbox off: nothing written) or 'duplicate' (the
+    # workspace already has an event with this id: nothing written)
+    mode: str | None
     sequence: int | None
     deliveries: int
-    secrets: tuple[str, ...]             # the workspace's signing secrets (send_event's 24 h grace)
-    # (endpoint id, url, its signing secrets: its own once it has one, else the workspace's), flag off only
-    legacy_targets: tuple[tuple[int, str, tuple[str, ...]], ...]
+    legacy_targets: tuple[LegacyTarget, ...]  # outbox off or shadow only
     legacy_payload: str | None
 
 
 def send_event(conn: Connection, params: Mapping[str, Any], grace: float) -> SendResult | None:
     """Run the producer's single statement; None when the workspace does not exist (nothing written).
 
-    Flag off with endpoints to POST to, a second statement reads each one's
-    signing secrets (``grace``: secrets.rotation_grace), in the same transaction.
+    ``grace`` is secrets.rotation_grace, for the legacy targets' signing secrets.
     """
     with conn.cursor() as cur:
-        cur.execute(QUERIES["send_event"], params)
+        cur.execute(QUERIES["send_event"], {**params, "grace": grace})
         found = cur.fetchone()
-        names = [column.name for column in cur.description or ()]
     if found is None:
         return None
-    row = dict(zip(names, found, strict=True))
-    secrets = tuple(s for s in (row["secret"], row["previous_secret"] if row["in_grace"] else None) if s)
-    ids = list(row["legacy_endpoint_ids"] or ())
-    signing = _legacy_signing(conn, ids, grace) if ids else {}
-    targets = tuple((endpoint_id, url, signing.get(endpoint_id, ()))
-                    for endpoint_id, url in zip(ids, row["legacy_urls"] or (), strict=True))
-    return SendResult(row["mode"], row["sequence"], int(row["deliveries"]), secrets, targets,
-                      row["legacy_payload"])
-
-
-def _legacy_signing(conn: Connection, endpoint_ids: list[int], grace: float) -> dict[int, tuple[str, ...]]:
-    with conn.cursor() as cur:
-        cur.execute(QUERIES["legacy_signing_secrets"], {"ids": endpoint_ids, "grace": grace})
-        return {int(endpoint_id): tuple(s for s in secrets if s) for endpoint_id, secrets in cur.fetchall()}
+    mode, sequence, deliveries, targets, payload = found
+    legacy = tuple(LegacyTarget(int(t["id"]), t["url"], tuple(s for s in t["secrets"] if s))
+                   for t in targets or ())
+    return SendResult(mode, sequence, int(deliveries), legacy, payload)

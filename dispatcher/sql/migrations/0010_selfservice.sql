@@ -56,7 +56,7 @@ CREATE INDEX webhook_delivery_attempts_endpoint ON webhook_delivery_attempts (en
 -- workspace's; the previous one of whichever too while its rotation is
 -- younger than `grace` seconds (secrets.rotation_grace). Returns {current,
 -- previous-or-NULL}. The one rule, used by the claim (engine_claim) and the
--- legacy flag-off path (legacy_signing_secrets); a plain SQL expression, so
+-- legacy flag-off path (dispatcher_send_event, 0012); a plain SQL expression, so
 -- the planner inlines it into the claim.
 CREATE FUNCTION dispatcher_signing_secrets(endpoint_secret text, endpoint_previous text,
                                            endpoint_rotated_at timestamptz, workspace_secret text,
