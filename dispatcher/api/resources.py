@@ -59,6 +59,18 @@ def session(ctx: ApiContext, req: falcon.Request, scope: str) -> Iterator[tuple[
         yield conn, _authenticate(ctx, conn, token, scope)
 
 
+@contextmanager
+def path_action(ctx: ApiContext, req: falcon.Request, raw_id: str,
+                kind: str) -> Iterator[tuple[Connection, auth.Principal, int]]:
+    """A write route whose only input is the id in its path (replay, delete, breaker close, rotate):
+    any body is read and dropped (bounded), then the token, the id and the absence of a query are checked."""
+    params.discard_body(req, ctx.config.max_body_bytes)
+    with session(ctx, req, auth.WRITE) as (conn, who):
+        ident = params.path_id(raw_id, kind)
+        params.only(req)
+        yield conn, who, ident
+
+
 def principal(ctx: ApiContext, req: falcon.Request, scope: str) -> auth.Principal:
     """The authenticated principal, on a connection held only for the token lookup."""
     token = _plausible_token(ctx, req)
@@ -154,10 +166,7 @@ class Replay:
         self.ctx = ctx
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, delivery_id: str) -> None:
-        params.discard_body(req, self.ctx.config.max_body_bytes)
-        with session(self.ctx, req, auth.WRITE) as (conn, who):
-            ident = params.path_id(delivery_id, "delivery")
-            params.only(req)
+        with path_action(self.ctx, req, delivery_id, "delivery") as (conn, who, ident):
             row = api_data.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
@@ -282,10 +291,7 @@ class Endpoint:
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
-        params.discard_body(req, self.ctx.config.max_body_bytes)
-        with session(self.ctx, req, auth.WRITE) as (conn, who):
-            ident = params.path_id(endpoint_id, "endpoint")
-            params.only(req)
+        with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
             api_data.delete_endpoint(conn, who.workspace_id, ident, who.token_id)
         resp.status = falcon.HTTP_204
 
@@ -297,10 +303,7 @@ class BreakerClose:
         self.ctx = ctx
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
-        params.discard_body(req, self.ctx.config.max_body_bytes)
-        with session(self.ctx, req, auth.WRITE) as (conn, who):
-            ident = params.path_id(endpoint_id, "endpoint")
-            params.only(req)
+        with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
             api_data.close_breaker(conn, who.workspace_id, ident, who.token_id)
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)
 
@@ -312,10 +315,7 @@ class SecretRotate:
         self.ctx = ctx
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
-        params.discard_body(req, self.ctx.config.max_body_bytes)
-        with session(self.ctx, req, auth.WRITE) as (conn, who):
-            ident = params.path_id(endpoint_id, "endpoint")
-            params.only(req)
+        with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
             secret = new_secret()
             until = api_data.rotate_endpoint_secret(conn, who.workspace_id, ident, secret, self.ctx.secret_grace,
                                                     who.token_id)
