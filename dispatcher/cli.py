@@ -48,19 +48,6 @@ def _per_second(text: str) -> float:
     return value
 
 
-def _owner(text: str) -> str:
-    from dispatcher.contacts import InvalidContact, check_email
-
-    try:
-        return check_email(text)
-    except InvalidContact as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _owner_or_clear(text: str) -> str:
-    return "" if text == "" else _owner(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dispatcher", description="Queue-backed webhook delivery (RFC-014).")
     parser.add_argument("-c", "--config", default="config/local.yaml", help="YAML config file (default: %(default)s)")
@@ -89,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     contacts = workspace.add_parser("set", help="set a workspace's owner email and notify webhook URL "
                                                 "(breaker notices; '' clears one)")
     contacts.add_argument("--id", required=True)
-    contacts.add_argument("--owner", type=_owner_or_clear, default=None, metavar="EMAIL",
+    contacts.add_argument("--owner", type=manage.owner_or_clear, default=None, metavar="EMAIL",
                           help="gets breaker notices of endpoints that name no owner of their own")
     contacts.add_argument("--notify-url", default=None, metavar="URL",
                           help="also send breaker notices as an operational webhook here (same URL policy as "
@@ -101,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
     add.add_argument("--max-per-second", type=_per_second, default=None,
                      help="requests per second to this endpoint, across the region (default: no limit)")
-    add.add_argument("--owner", type=_owner, default=None, metavar="EMAIL",
+    add.add_argument("--owner", type=manage.owner, default=None, metavar="EMAIL",
                      help="gets this endpoint's breaker notices (default: the workspace's owner)")
     manage.add_endpoint_parsers(endpoint, _event_types)
     status = commands.add_parser("status", help="the region at a glance, read from the database")

@@ -18,6 +18,7 @@ from typing import Any
 
 from dispatcher import store
 from dispatcher.config import Config, ConfigError, parse_duration
+from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.exitcodes import ExitCode, UsageError
 from dispatcher.signing import new_secret
 from dispatcher.store import api_data
@@ -30,6 +31,19 @@ def endpoint_id(text: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 2**63:
         raise argparse.ArgumentTypeError(f"{text!r} is not an endpoint id")
     return int(text)
+
+
+def owner(text: str) -> str:
+    """An owner contact (argparse type): an email address."""
+    try:
+        return check_email(text)
+    except InvalidContact as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def owner_or_clear(text: str) -> str:
+    """An owner contact, or '' to clear it."""
+    return "" if text == "" else owner(text)
 
 
 def lifetime(text: str) -> float:
@@ -49,12 +63,15 @@ def add_endpoint_parsers(endpoint: Any, event_types: Callable[[str], list[str]])
                        ("close-breaker", "close the endpoint's breaker now; its pending rows are due at once"),
                        ("rotate-secret", "give the endpoint a new signing secret; prints it once")):
         endpoint.add_parser(verb, help=text).add_argument("id", type=endpoint_id)
-    update = endpoint.add_parser("update", help="change an endpoint's URL, event types, description or active flag")
+    update = endpoint.add_parser("update", help="change an endpoint's URL, event types, description, owner or "
+                                 "active flag")
     update.add_argument("id", type=endpoint_id)
     update.add_argument("--url")
     update.add_argument("--events", type=event_types, help="comma-separated types")
     update.add_argument("--all-events", action="store_true", help="subscribe to every event type")
     update.add_argument("--description", help="free text; '' clears it")
+    update.add_argument("--owner", type=owner_or_clear, default=None, metavar="EMAIL",
+                        help="gets this endpoint's breaker notices; '' clears it (then the workspace's owner does)")
     state = update.add_mutually_exclusive_group()
     state.add_argument("--active", dest="active", action="store_const", const=True, default=None)
     state.add_argument("--inactive", dest="active", action="store_const", const=False,
@@ -94,10 +111,11 @@ def _change(config: Config, args: argparse.Namespace, registrable: Callable[[Con
     description = None if args.description in (None, "") else args.description
     change = api_data.EndpointChange(url=None if args.url is None else registrable(config, args.url),
                                      event_types=types, active=args.active, description=description,
-                                     set_description=args.description is not None)
+                                     set_description=args.description is not None,
+                                     owner_contact=args.owner or None, set_owner_contact=args.owner is not None)
     if not change.fields():
-        raise UsageError("nothing to change: give --url, --events, --all-events, --description, --active or "
-                         "--inactive")
+        raise UsageError("nothing to change: give --url, --events, --all-events, --description, --owner, --active "
+                         "or --inactive")
     return change
 
 

@@ -549,6 +549,35 @@ def test_replay_and_recover_are_audited_with_their_rows_and_the_log_is_paginated
 # --- the CLI verbs -------------------------------------------------------------------------------
 
 
+def test_owner_contact_is_set_shown_and_cleared_in_the_api_and_cli(world, make_client, db, write_config,
+                                                                  capsys) -> None:
+    """Issue 12: PATCH takes the owner contact (the breaker notices' recipient), checked as an email."""
+    client = make_client()
+    ws = world.workspace("acme")
+    token = world.token(ws)
+    created = client.simulate_post("/v2/webhooks/endpoints", headers=bearer(token),
+                                   json={"url": _url(), "owner_contact": "ops@acme.example"})
+    assert created.status_code == 201, created.text
+    path = f"/v2/webhooks/endpoints/{created.json['id']}"
+    assert client.simulate_get(path, headers=bearer(token)).json["owner_contact"] == "ops@acme.example"
+    refused = client.simulate_patch(path, headers=bearer(token), json={"owner_contact": "ops@acme\r\nBcc: x@y.z"})
+    assert_problem(refused, 400)
+    assert "owner_contact" in refused.json["detail"]
+    changed = client.simulate_patch(path, headers=bearer(token), json={"owner_contact": "oncall@acme.example"})
+    assert changed.json["owner_contact"] == "oncall@acme.example"
+    assert client.simulate_patch(path, headers=bearer(token), json={"owner_contact": None}).json[
+        "owner_contact"] is None
+    assert [a[4].get("fields") for a in _audit(world)][-2:] == [["owner_contact"], ["owner_contact"]]
+
+    config = str(write_config(db))
+    assert _cli(config, "endpoint", "update", str(created.json["id"]), "--owner", "not-an-email") != 0
+    assert _cli(config, "endpoint", "update", str(created.json["id"]), "--owner", "cli@acme.example") == 0
+    assert world.sql("SELECT owner_contact FROM webhook_endpoints") == [("cli@acme.example",)]
+    assert _cli(config, "endpoint", "update", str(created.json["id"]), "--owner", "") == 0
+    assert world.sql("SELECT owner_contact FROM webhook_endpoints") == [(None,)]
+    capsys.readouterr()
+
+
 def test_cli_endpoint_verbs_share_the_apis_rules(db, world, write_config, capsys) -> None:
     ws = world.workspace("acme")
     config = str(write_config(db, http={"require_https": True, "allow_private_networks": False}))

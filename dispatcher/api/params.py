@@ -16,6 +16,7 @@ from typing import Any
 import falcon
 
 from dispatcher.api.problems import Problem, bad_request, not_found
+from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.netguard import MAX_URL_LENGTH as MAX_URL_CHARS
 
 MAX_ID = 2**63 - 1  # bigint
@@ -192,7 +193,7 @@ def discard_body(req: falcon.Request, max_bytes: int) -> None:
 MAX_DESCRIPTION_CHARS = 500
 MAX_EVENT_TYPES = 100
 MAX_EVENT_TYPE_CHARS = 200
-_ENDPOINT_FIELDS = ("url", "event_types", "description", "active")
+_ENDPOINT_FIELDS = ("url", "event_types", "description", "active", "owner_contact")
 
 
 def _text(value: Any, name: str, max_chars: int) -> str:
@@ -204,6 +205,16 @@ def _text(value: Any, name: str, max_chars: int) -> str:
     except UnicodeEncodeError:  # a lone surrogate from a \\ud800 escape
         raise bad_request(f"{name} is not valid Unicode text") from None
     return value
+
+
+def _owner_contact(value: Any) -> str | None:
+    """An email address (breaker notices go there, docs/operations.md), or null to clear it."""
+    if value is None:
+        return None
+    try:
+        return check_email(value)
+    except InvalidContact as exc:
+        raise bad_request(f"owner_contact: {exc}") from None
 
 
 def endpoint_fields(body: Any, creating: bool) -> dict[str, Any]:
@@ -230,6 +241,8 @@ def endpoint_fields(body: Any, creating: bool) -> dict[str, Any]:
         described = body["description"]
         fields["description"] = None if described is None else _text(described, "description",
                                                                       MAX_DESCRIPTION_CHARS)
+    if "owner_contact" in body:
+        fields["owner_contact"] = _owner_contact(body["owner_contact"])
     if "active" in body:
         if not isinstance(body["active"], bool):
             raise bad_request("active must be true or false")

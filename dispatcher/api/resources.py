@@ -203,7 +203,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
     attempts, delivered = int(row["attempts_24h"]), int(row["delivered_24h"])
     return {
         "id": row["id"], "url": row["url"] if whole_url else mask_url(row["url"]), "url_masked": not whole_url,
-        "active": row["active"], "description": row["description"],
+        "active": row["active"], "description": row["description"], "owner_contact": row["owner_contact"],
         "event_types": list(row["event_types"] or []), "created_at": _ts(row["created_at"]),
         "max_per_second": row["max_per_second"],
         "signing": {"secret": "endpoint" if row["own_secret"] else "workspace",
@@ -248,7 +248,8 @@ class Endpoints:
         _check_url(self.ctx, body.get("url"))
         secret = new_secret()
         new = store.NewEndpoint(url=body["url"], event_types=body.get("event_types", ()), secret=secret,
-                                description=body.get("description"), active=body.get("active", True))
+                                description=body.get("description"), active=body.get("active", True),
+                                owner_contact=body.get("owner_contact"))
         with self.ctx.pool.connection() as conn:
             ident = store.register_endpoint(conn, who.workspace_id, new, who.token_id)
             shown = _shown_endpoint(self.ctx, conn, who, ident)
@@ -285,7 +286,9 @@ class Endpoint:
         _check_url(self.ctx, body.get("url"))
         change = api_data.EndpointChange(url=body.get("url"), event_types=body.get("event_types"),
                                          active=body.get("active"), description=body.get("description"),
-                                         set_description="description" in body)
+                                         set_description="description" in body,
+                                         owner_contact=body.get("owner_contact"),
+                                         set_owner_contact="owner_contact" in body)
         with self.ctx.pool.connection() as conn:
             api_data.update_endpoint(conn, who.workspace_id, ident, change, who.token_id)
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)

@@ -180,7 +180,7 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- kept in step with workspaces.notify_webhook_url, and is not the customer's
 -- to list or change.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
-       e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
+       e.owner_contact, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
        CASE WHEN e.previous_secret IS NOT NULL
             THEN e.secret_rotated_at + make_interval(secs => %(grace)s::float8) END AS previous_valid_until,
        coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,
@@ -216,14 +216,15 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
 -- name: api_lock_endpoint
 -- The endpoint a change applies to, locked until the change commits (a
 -- customer endpoint: see api_endpoints).
-SELECT id, workspace_id, url, active, event_types, description FROM webhook_endpoints
+SELECT id, workspace_id, url, active, event_types, description, owner_contact FROM webhook_endpoints
  WHERE id = %(id)s AND purpose = 'customer'
    AND (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
    FOR UPDATE;
 
 -- name: api_update_endpoint
 UPDATE webhook_endpoints
-   SET url = %(url)s, event_types = %(event_types)s, active = %(active)s, description = %(description)s
+   SET url = %(url)s, event_types = %(event_types)s, active = %(active)s, description = %(description)s,
+       owner_contact = %(owner_contact)s
  WHERE id = %(id)s;
 
 -- name: api_end_pending

@@ -261,17 +261,21 @@ def endpoint_state(conn: Connection, workspace_id: str | None, endpoint_id: int,
 
 @dataclass(frozen=True, slots=True)
 class EndpointChange:
-    """A PATCH: the fields given (None: unchanged; description may be set to None, hence its flag)."""
+    """A PATCH: the fields given (None: unchanged; description and owner_contact may be set to None, hence
+    their flags)."""
 
     url: str | None = None
     event_types: Sequence[str] | None = None
     active: bool | None = None
     description: str | None = None
     set_description: bool = False
+    owner_contact: str | None = None
+    set_owner_contact: bool = False
 
     def fields(self) -> list[str]:
         given = {"url": self.url is not None, "event_types": self.event_types is not None,
-                 "active": self.active is not None, "description": self.set_description}
+                 "active": self.active is not None, "description": self.set_description,
+                 "owner_contact": self.set_owner_contact}
         return [name for name, present in given.items() if present]
 
 
@@ -291,7 +295,8 @@ def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int
         run_query(conn, "api_update_endpoint", {
             "id": endpoint_id, "url": old["url"] if change.url is None else change.url,
             "event_types": list(old["event_types"] if change.event_types is None else change.event_types),
-            "active": active, "description": change.description if change.set_description else old["description"]})
+            "active": active, "description": change.description if change.set_description else old["description"],
+            "owner_contact": change.owner_contact if change.set_owner_contact else old["owner_contact"]})
         ended: list[int] = []
         if old["active"] and not active:
             ended = _end_pending(conn, endpoint_id, ENDPOINT_DEACTIVATED)
