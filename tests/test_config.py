@@ -96,7 +96,17 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("bad-cidr", "http:\n  allow_networks: [10.0.0.0/33]\n", "http.allow_networks"),
     ("cidr-not-list", "http:\n  allow_networks: 10.0.0.0/8\n", "http.allow_networks"),
     ("bad-choice", "http:\n  client: curl\n", "http.client"),
+    ("read-dsn-not-a-dsn", "api:\n  read_dsn: host=standby port\n", "api.read_dsn"),
+    ("read-dsn-not-text", "api:\n  read_dsn: 5432\n", "api.read_dsn"),
 ]
+
+
+def test_a_multi_host_failover_dsn_and_a_read_dsn_are_taken_as_written(tmp_path: Path) -> None:
+    failover = "host=10.0.0.1,10.0.0.2 port=5432,5433 dbname=app target_session_attrs=read-write"
+    config = load_text(tmp_path, f"database:\n  dsn: {failover}\napi:\n  read_dsn: host=10.0.0.2 dbname=app\n")
+    assert config.database.dsn == failover
+    assert config.api.read_dsn == "host=10.0.0.2 dbname=app"
+    assert load_text(tmp_path, "api:\n  read_dsn: ''\n").api.read_dsn == "" == load_raw({}).api.read_dsn
 
 
 class TestErrors:
