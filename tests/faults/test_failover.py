@@ -10,7 +10,6 @@ itself.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from dispatcher_devtools.kit import (
-    CaptureServer,
     Dispatcher,
     ReplicationPair,
     SteadyProducer,
@@ -46,12 +44,6 @@ def pair() -> Iterator[ReplicationPair]:
         yield started
 
 
-def _posts(capture: CaptureServer) -> collections.Counter[tuple[str, str]]:
-    """POSTs received per (event id, endpoint path)."""
-    with capture.lock:
-        return collections.Counter((post.headers["webhook-id"], post.path) for post in capture.captured)
-
-
 def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
         pair: ReplicationPair, tmp_path: Path) -> None:
     dsn = pair.failover_dsn
@@ -68,7 +60,7 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
                 SteadyProducer(config, dsn, "ws") as producer:
             workers = sorted(settle(dispatcher, dsn, lambda: len(dispatcher.worker_pids()) == PROCESSES
                                     and dispatcher.worker_pids(), f"{PROCESSES} workers"))
-            settle(dispatcher, dsn, lambda: len(_posts(capture)) >= 60 * ENDPOINTS, "deliveries to flow")
+            settle(dispatcher, dsn, lambda: len(capture.by_event()) >= 60 * ENDPOINTS, "deliveries to flow")
             assert api.request("GET", "/v2/webhooks/deliveries?limit=1", token)[0] == 200
 
             pair.primary.stop("immediate")
@@ -83,10 +75,10 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
             producer.stop()
             committed = producer.ids()
             expected = {(event_id, path) for event_id in committed for path in paths}
-            settle(dispatcher, dsn, lambda: expected <= set(_posts(capture)), "every committed event delivered",
+            settle(dispatcher, dsn, lambda: expected <= set(capture.by_event()), "every committed event delivered",
                    timeout=60)
             settle(dispatcher, dsn, lambda: set(status_counts(dsn)) == {"delivered"}, "no row left pending")
-            posts = _posts(capture)  # before the replay below, which sends one event again on purpose
+            posts = capture.by_event()  # before the replay below, which sends one event again on purpose
 
             # The API answers from the new primary, reads and writes, without a restart.
             status, _ = wait_until(lambda: _ok(api.request("GET", "/v2/webhooks/deliveries?limit=5", token)),
