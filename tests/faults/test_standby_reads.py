@@ -21,7 +21,15 @@ import pytest
 from dispatcher.api import auth
 from dispatcher.api.app import DispatcherApp, create_app
 from dispatcher.config import load_config
-from dispatcher_devtools.kit import ReplicationPair, config_for_test, produce, query, seed_workspace, write_config
+from dispatcher_devtools.kit import (
+    ReplicationPair,
+    config_for_test,
+    produce,
+    query,
+    seed_workspace,
+    wait_until,
+    write_config,
+)
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -135,3 +143,10 @@ def test_reads_fall_back_to_the_primary_while_the_standby_is_down(
     finally:
         pair.standby.start()
         pair.wait_streaming()
+
+    def back_on_the_standby() -> bool:
+        assert _get(client, "/v2/webhooks/deliveries", token)[0] == 200
+        return app.reads is not None and app.reads.standby.lent > standby_reads + 1
+
+    # Once the retry period (5 s) is over, reads go to the standby again.
+    wait_until(back_on_the_standby, timeout=20, interval=0.5, message="reads to return to the standby")
