@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher.upkeep import LEASE_FLOOR
 from dispatcher_devtools.kit import (
     Dispatcher,
     ReplicationPair,
@@ -62,6 +63,7 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
                                     and dispatcher.worker_pids(), f"{PROCESSES} workers"))
             settle(dispatcher, dsn, lambda: len(capture.by_event()) >= 60 * ENDPOINTS, "deliveries to flow")
             assert api.request("GET", "/v2/webhooks/deliveries?limit=1", token)[0] == 200
+            leader = settle(dispatcher, dsn, lambda: query(dsn, "SELECT owner FROM region_leader"), "a leader")
 
             pair.primary.stop("immediate")
             stopped_at = time.monotonic()
@@ -69,7 +71,7 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
             # the standby refuses read-write sessions until it is promoted.
             settle(dispatcher, pair.standby.dsn(), lambda: "claim failed" in dispatcher.log(), "a refused claim")
             pair.promote()
-            promoted_at = time.monotonic()
+            promoted_at, promoted_wall = time.monotonic(), time.time()
             settle(dispatcher, dsn, lambda: len(producer.ids()) > len(producer.ids(stopped_at)) + 50,
                    "50 events committed on the new primary")
             producer.stop()
@@ -81,15 +83,17 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
             posts = capture.by_event()  # before the replay below, which sends one event again on purpose
 
             # The API answers from the new primary, reads and writes, without a restart.
-            status, _ = wait_until(lambda: _ok(api.request("GET", "/v2/webhooks/deliveries?limit=5", token)),
-                                   timeout=20, message="the API to read from the new primary")
+            wait_until(lambda: _ok(api.request("GET", "/v2/webhooks/deliveries?limit=5", token)),
+                       timeout=20, message="the API to read from the new primary")
             delivery_id = query(dsn, "SELECT max(id) FROM webhook_deliveries")[0][0]
             replay_status, replayed = api.request("POST", f"/v2/webhooks/deliveries/{delivery_id}/replay", token)
             assert replay_status == 202, replayed
             assert api.process is not None and api.process.poll() is None
 
-            # The upkeep leader kept (renewed) its lease on the new primary.
-            renewed = query(dsn, "SELECT owner, until > now() FROM region_leader")
+            # The same upkeep leader renewed its lease on the new primary (an
+            # unrenewed lease would end before promotion + LEASE_FLOOR).
+            renewed = query(dsn, "SELECT owner FROM region_leader WHERE until > to_timestamp(%s) + make_interval("
+                                 "secs => %s)", (promoted_wall, LEASE_FLOOR))
             supervisor_alive = dispatcher.process is not None and dispatcher.process.poll() is None
             worker_pids = sorted(dispatcher.worker_pids())
             log = dispatcher.log()
@@ -97,7 +101,7 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
     events = log_events(log)
     assert supervisor_alive and events["supervisor_started"] == 1, "the supervisor was never restarted"
     assert worker_pids == workers and not events["worker_restarting"], "each worker reconnected in place"
-    assert len(renewed) == 1 and renewed[0][1], renewed
+    assert renewed == leader, (renewed, leader)
     assert events["worker_started"] == PROCESSES
     assert "claim failed, backing off" in log
     # 0 committed events lost: every one reached every endpoint.
