@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Self
 
+import psutil
 import psycopg2
 import psycopg2.extensions
 
@@ -79,17 +80,33 @@ class PostgresNode:
 
     def kill(self) -> None:
         """Make sure no postmaster of this node is left (cleanup; never raises)."""
+        try:
+            pid: int | None = int((self.data / "postmaster.pid").read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            pid = None
         with contextlib.suppress(Exception):
             self.pg_ctl("-w", "-t", "10", "-m", "immediate", "stop", check=False, timeout=20)
-        with contextlib.suppress(Exception):
-            pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
-            os.kill(pid, signal.SIGKILL)
+        if pid is not None and not _gone(pid, timeout=10):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            _gone(pid, timeout=5)
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return "(no log)"
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts as gone) within ``timeout`` seconds."""
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.TimeoutExpired:
+        return False
+    except psutil.NoSuchProcess:
+        pass
+    return True
 
 
 class _RunAs:
