@@ -216,6 +216,9 @@ class DatabaseConfig:
     embedded_dir: str = setting(".dispatcher/pgdata", _text, "data directory of the embedded Postgres")
     connect_timeout: float = setting(5.0, parse_duration, "how long one connection attempt may take")
     reconnect_max: float = setting(30.0, parse_duration, "cap of the reconnect backoff after a lost connection")
+    statement_deadline: float = setting(30.0, parse_duration,
+                                        "longest a worker waits for one database answer before it drops the "
+                                        "connection and reconnects (a hung primary, a host gone silent)")
     prepared_statements: bool = setting(True, _boolean, "server-side prepared statements for the hot queries; "
                                                         "false behind a transaction pooler (PgBouncer)")
 

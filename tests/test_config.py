@@ -386,3 +386,19 @@ class TestDocs:
         assert shown["workers.processes"] == "auto"
         assert shown["retry.ceiling"] == "24h"
         assert shown["workers.poll_interval"] == "500ms"
+
+
+def test_a_multi_host_dsn_splits_into_one_dsn_per_server_in_order() -> None:
+    from psycopg2.extensions import parse_dsn
+
+    from dispatcher.store import single_host_dsns
+
+    split = [parse_dsn(d) for d in single_host_dsns(
+        "host=db-a,db-b port=5432,5433 dbname=app target_session_attrs=read-write")]
+    assert split == [{"host": "db-a", "port": "5432", "dbname": "app", "target_session_attrs": "read-write"},
+                     {"host": "db-b", "port": "5433", "dbname": "app", "target_session_attrs": "read-write"}]
+    # One port for every host, and the URI form.
+    assert [parse_dsn(d)["port"] for d in single_host_dsns("host=a,b port=6432")] == ["6432", "6432"]
+    assert [(parse_dsn(d)["host"], parse_dsn(d)["port"]) for d in single_host_dsns(
+        "postgresql://u@a:1,b:2/db")] == [("a", "1"), ("b", "2")]
+    assert single_host_dsns("host=a dbname=app") == ["host=a dbname=app"]

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -90,6 +91,23 @@ class PostgresNode:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
             _gone(pid, timeout=5)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """The server's processes stopped (SIGSTOP) inside the block: a hung
+        server, or a host gone silent, whose sessions hang rather than close
+        (the kernel still holds the sockets).  Killed on the way out, as
+        failover tooling fences an old primary: it never answers again."""
+        pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
+        processes = [psutil.Process(pid), *psutil.Process(pid).children()]
+        for process in processes:
+            process.suspend()
+        try:
+            yield
+        finally:
+            for process in processes:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -172,8 +190,9 @@ class ReplicationPair:
     @property
     def failover_dsn(self) -> str:
         """Both servers, the writable one chosen at each connect (libpq multi-host syntax)."""
+        # connect_timeout: a first host that accepts but never answers must not hold every connect.
         return (f"host=127.0.0.1,127.0.0.1 port={self.primary.port},{self.standby.port} user=postgres "
-                f"dbname={DATABASE} target_session_attrs=read-write")
+                f"dbname={DATABASE} target_session_attrs=read-write connect_timeout=2")
 
     def __enter__(self) -> Self:
         try:

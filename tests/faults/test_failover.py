@@ -5,7 +5,8 @@ loopback ports; the dispatcher, the API and a producer all use the multi-host
 DSN ``host=127.0.0.1,127.0.0.1 port=P1,P2 target_session_attrs=read-write``.
 Under load the primary is stopped in immediate mode (a crash) and the standby
 promoted.  Nothing is restarted: every process must find the new primary by
-itself.
+itself.  A second test freezes the primary instead (SIGSTOP): its sessions
+hang rather than close, and the workers must leave them behind.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from dispatcher_devtools.kit import (
     Dispatcher,
     ReplicationPair,
     SteadyProducer,
+    assert_no_event,
     capture_server,
     config_for_test,
     log_events,
+    produce,
     query,
     seed_workspace,
     status_counts,
@@ -116,6 +119,35 @@ def test_the_dispatcher_api_and_producer_carry_on_after_the_standby_is_promoted(
     written_after = committed - producer.ids(promoted_at)
     assert not {event_id for event_id, _ in duplicates} & written_after, sorted(duplicates)[:5]
     assert len(duplicates) <= PROCESSES * MAX_IN_FLIGHT, len(duplicates)
+
+
+def test_a_frozen_primary_is_left_behind_once_the_standby_is_promoted(pair: ReplicationPair, tmp_path: Path) -> None:
+    """A primary that stops answering without closing its sessions (SIGSTOP: a
+    hung server; a vanished host looks the same until TCP gives up, many minutes
+    later): each worker's statements in flight must not wait for it forever."""
+    dsn = pair.failover_dsn
+    with capture_server() as capture:
+        seed_workspace(dsn, "ws", [capture.url + "/frozen"])
+        config = write_config(tmp_path / "config.yaml", config_for_test(
+            dsn, database={"dsn": dsn, "connect_timeout": "2s", "reconnect_max": "500ms", "statement_deadline": "3s"},
+            workers={"processes": 1, "lease": "10s", "poll_interval": "50ms"}, alerts={"check_interval": "200ms"}))
+        with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+            (worker,) = settle(dispatcher, dsn, dispatcher.worker_pids, "a worker")
+            before = produce(config, dsn, "ws", 20)
+            settle(dispatcher, dsn, lambda: {(e, "/frozen") for e in before} <= set(capture.by_event()),
+                   "delivered before the freeze")
+            with pair.primary.frozen():
+                pair.promote()
+                after = produce(config, dsn, "ws", 20)  # a new connection: libpq skips the silent host
+                settle(dispatcher, pair.standby.dsn(),
+                       lambda: {(e, "/frozen") for e in after} <= set(capture.by_event()),
+                       "delivered by the same worker on the new primary while the old one is frozen", timeout=60)
+                assert dispatcher.worker_pids() == [worker]
+                dispatcher.stop()  # a graceful stop, the old primary still silent
+                log = dispatcher.log()
+    assert dispatcher.process is not None and dispatcher.process.returncode == 0, log[-3000:]
+    assert "no answer from the database within 3s" in log
+    assert_no_event(log, "worker_restarting")
 
 
 def _ok(response: tuple[int, object]) -> tuple[int, object] | None:
