@@ -324,8 +324,8 @@ class ApiConfig:
                                        "how long a kept-alive connection may idle between requests")
     max_connections: int = setting(4096, _positive_int, "client connections open at once; more wait to be accepted")
     read_dsn: str = setting("", _optional_dsn, "libpq DSN of a streaming standby for the history reads (GET routes "
-                            "and the console); empty: the primary. Token checks and writes stay on the primary; "
-                            "while the standby is down reads fall back to the primary", shown='""')
+                            "but tokens, and the console); empty: the primary. Token checks and writes stay on "
+                            "the primary; while the standby is down reads fall back to the primary", shown='""')
 
 
 @dataclass(frozen=True)

@@ -91,11 +91,17 @@ def test_history_reads_come_from_the_standby_and_a_replay_is_written_on_the_prim
         assert status == 200 and [row["id"] for row in history["data"]] == [source["id"]]
         status, endpoint = _get(client, f"/v2/webhooks/endpoints/{source['endpoint_id']}", token)
         assert status == 200 and endpoint["pending"]["count"] == 3, "the replay is not counted yet"
+        status, endpoints = _get(client, "/v2/webhooks/endpoints", token)
+        assert status == 200 and [e["pending"]["count"] for e in endpoints["data"]] == [3]
+        status, audit = _get(client, "/v2/webhooks/audit", token)
+        assert status == 200 and audit["data"] == [], "the replay's audit entry is not there yet"
     pair.wait_replayed()
     status, shown = _get(client, f"/v2/webhooks/deliveries/{replayed}", token)
     assert status == 200 and shown["replay_of"] == source["id"]
     status, history = _get(client, f"/v2/events/{source['event_id']}/deliveries", token)
     assert {row["id"] for row in history["data"]} == {source["id"], replayed}
+    status, audit = _get(client, "/v2/webhooks/audit", token)
+    assert status == 200 and [entry["action"] for entry in audit["data"]] == ["delivery.replay"]
 
 
 def test_tokens_are_checked_on_the_primary_whatever_the_standby_lag(
