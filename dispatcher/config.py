@@ -101,6 +101,21 @@ def _email(value: Any) -> str:
         raise ConfigError(str(exc)) from None
 
 
+def _optional_dsn(value: Any) -> str:
+    """A libpq DSN, or empty for none; checked by libpq's own parser so a typo stops the start-up."""
+    if value is None or value == "":
+        return ""
+    text = _text(value)
+    import psycopg2.extensions  # only a configured DSN needs it
+
+    try:
+        psycopg2.extensions.parse_dsn(text)
+    except psycopg2.ProgrammingError as exc:
+        first_line = (str(exc).strip().splitlines() or ["invalid"])[0]
+        raise ConfigError(f"not a libpq DSN ({first_line})") from None
+    return text
+
+
 def _region(value: Any) -> str:
     text = _text(value)
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", text):
@@ -201,6 +216,9 @@ class DatabaseConfig:
     embedded_dir: str = setting(".dispatcher/pgdata", _text, "data directory of the embedded Postgres")
     connect_timeout: float = setting(5.0, parse_duration, "how long one connection attempt may take")
     reconnect_max: float = setting(30.0, parse_duration, "cap of the reconnect backoff after a lost connection")
+    statement_deadline: float = setting(30.0, parse_duration,
+                                        "longest a worker waits for one database answer before it drops the "
+                                        "connection and reconnects (a hung primary, a host gone silent)")
     prepared_statements: bool = setting(True, _boolean, "server-side prepared statements for the hot queries; "
                                                         "false behind a transaction pooler (PgBouncer)")
 
@@ -305,6 +323,9 @@ class ApiConfig:
     keepalive_timeout: float = setting(5.0, parse_duration,
                                        "how long a kept-alive connection may idle between requests")
     max_connections: int = setting(4096, _positive_int, "client connections open at once; more wait to be accepted")
+    read_dsn: str = setting("", _optional_dsn, "libpq DSN of a streaming standby for the history reads (GET routes "
+                            "but tokens, and the console); empty: the primary. Token checks and writes stay on "
+                            "the primary; while the standby is down reads fall back to the primary", shown='""')
 
 
 @dataclass(frozen=True)

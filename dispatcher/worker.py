@@ -86,26 +86,36 @@ class Backoff:
         self._next = self._first
 
 
+def _database_bound(seconds: float) -> gevent.Timeout:
+    """A wait for the database of at most ``seconds`` (``database.connect_timeout`` per server,
+    ``database.statement_deadline`` per call): past it, DatabaseUnavailable, and the connection
+    is dropped as a lost one."""
+    return gevent.Timeout(seconds, DatabaseUnavailable(
+        f"no answer from the database within {seconds:g}s; reconnecting"))
+
+
 class Worker:
     def __init__(self, config: Config, dsn: str, owner: str, heartbeat_path: str | None = None,
                  maker: DeliveryMaker | None = None) -> None:
         self.config = config
         self.owner = owner
         self._heartbeat_path = heartbeat_path
-        timeout = config.database.connect_timeout
-        prepared = config.database.prepared_statements
-        self._claims = EngineStore(ManagedConnection(dsn, f"dispatcher claim {owner}", timeout, prepared))
-        self._results = EngineStore(ManagedConnection(dsn, f"dispatcher record {owner}", timeout, prepared))
-        upkeep = ManagedConnection(dsn, f"dispatcher upkeep {owner}", timeout, prepared)
+        def connection(purpose: str) -> ManagedConnection:
+            database = config.database
+            return ManagedConnection(dsn, f"dispatcher {purpose} {owner}", database.connect_timeout,
+                                     database.prepared_statements, bound=_database_bound,
+                                     statement_deadline=database.statement_deadline)
+
+        self._claims = EngineStore(connection("claim"))
+        self._results = EngineStore(connection("record"))
+        upkeep = connection("upkeep")
         self._upkeep = EngineStore(upkeep)
         self._leader_presence = Presence(upkeep, owner, config.region)
-        self._presence = Presence(ManagedConnection(dsn, f"dispatcher status {owner}", timeout, prepared), owner,
-                                  config.region)
+        self._presence = Presence(connection("status"), owner, config.region)
         self._maker = maker or DeliveryMaker.from_config(config)
         self._metrics = Metrics(config.statsd, config.region)
         # Its own connection, opened on first use (by the leader, or after a transition seen here).
-        self._notices = OwnerNotices(config, NoticeStore(ManagedConnection(
-            dsn, f"dispatcher notify {owner}", timeout, prepared)))
+        self._notices = OwnerNotices(config, NoticeStore(connection("notify")))
         self._notice_due = gevent.event.Event()
         self._breaker = config.breaker.policy()
         self._lanes: dict[int, Lane] = {}

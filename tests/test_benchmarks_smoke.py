@@ -20,6 +20,7 @@ KEYS = {
     "backlog": {"sizes", "claim_cost_ratio_1m_to_10k", "after_drain"},
     "tls": {"deliveries_per_s", "plain_deliveries_per_s", "ratio_to_plain", "tls_handshakes",
             "handshakes_per_endpoint", "cpu_ms_per_delivery"},
+    "failover": {"runs", "duplicates", "supervisor_restarts", "worker_restarts"},
 }
 
 

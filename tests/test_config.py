@@ -96,7 +96,17 @@ BAD_CONFIGS: list[tuple[str, str, str]] = [
     ("bad-cidr", "http:\n  allow_networks: [10.0.0.0/33]\n", "http.allow_networks"),
     ("cidr-not-list", "http:\n  allow_networks: 10.0.0.0/8\n", "http.allow_networks"),
     ("bad-choice", "http:\n  client: curl\n", "http.client"),
+    ("read-dsn-not-a-dsn", "api:\n  read_dsn: host=standby port\n", "api.read_dsn"),
+    ("read-dsn-not-text", "api:\n  read_dsn: 5432\n", "api.read_dsn"),
 ]
+
+
+def test_a_multi_host_failover_dsn_and_a_read_dsn_are_taken_as_written(tmp_path: Path) -> None:
+    failover = "host=10.0.0.1,10.0.0.2 port=5432,5433 dbname=app target_session_attrs=read-write"
+    config = load_text(tmp_path, f"database:\n  dsn: {failover}\napi:\n  read_dsn: host=10.0.0.2 dbname=app\n")
+    assert config.database.dsn == failover
+    assert config.api.read_dsn == "host=10.0.0.2 dbname=app"
+    assert load_text(tmp_path, "api:\n  read_dsn: ''\n").api.read_dsn == "" == load_raw({}).api.read_dsn
 
 
 class TestErrors:
@@ -376,3 +386,19 @@ class TestDocs:
         assert shown["workers.processes"] == "auto"
         assert shown["retry.ceiling"] == "24h"
         assert shown["workers.poll_interval"] == "500ms"
+
+
+def test_a_multi_host_dsn_splits_into_one_dsn_per_server_in_order() -> None:
+    from psycopg2.extensions import parse_dsn
+
+    from dispatcher.store import single_host_dsns
+
+    split = [parse_dsn(d) for d in single_host_dsns(
+        "host=db-a,db-b port=5432,5433 dbname=app target_session_attrs=read-write")]
+    assert split == [{"host": "db-a", "port": "5432", "dbname": "app", "target_session_attrs": "read-write"},
+                     {"host": "db-b", "port": "5433", "dbname": "app", "target_session_attrs": "read-write"}]
+    # One port for every host, and the URI form.
+    assert [parse_dsn(d)["port"] for d in single_host_dsns("host=a,b port=6432")] == ["6432", "6432"]
+    assert [(parse_dsn(d)["host"], parse_dsn(d)["port"]) for d in single_host_dsns(
+        "postgresql://u@a:1,b:2/db")] == [("a", "1"), ("b", "2")]
+    assert single_host_dsns("host=a dbname=app") == ["host=a dbname=app"]

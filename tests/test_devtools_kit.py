@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from dispatcher_devtools.kit import WaitTimeout, apply_overrides, assert_no_event, log_events, wait_until
+from dispatcher_devtools.kit import (
+    ReplicationPair,
+    ReplicationUnavailable,
+    WaitTimeout,
+    apply_overrides,
+    assert_no_event,
+    log_events,
+    replication,
+    wait_until,
+)
 
 LOG = ("2026-12-01 05:00:00,000 INFO [supervisor] dispatcher.supervisor supervisor pid 7 starting 1 worker(s) "
        "for region test event=supervisor_started\n"
@@ -41,3 +52,11 @@ def test_wait_until_returns_the_value_or_fails_as_both_assertion_and_timeout() -
     with pytest.raises(WaitTimeout, match="waiting for nothing") as caught:
         wait_until(lambda: None, timeout=0, interval=0, message="nothing")
     assert isinstance(caught.value, AssertionError) and isinstance(caught.value, TimeoutError)
+
+
+def test_replication_pair_fails_loudly_when_a_postgres_binary_is_missing(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    (tmp_path / "initdb").touch()
+    monkeypatch.setattr(replication, "PG_BIN", tmp_path)
+    with pytest.raises(ReplicationUnavailable, match="pg_ctl, pg_basebackup, postgres"):
+        ReplicationPair()

@@ -20,7 +20,7 @@ import falcon
 import falcon.media
 
 from dispatcher.api import auth, problems
-from dispatcher.api.pool import ConnectionPool
+from dispatcher.api.pool import ConnectionPool, ReadRoute
 from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.api.resources import (
     ApiContext,
@@ -65,9 +65,15 @@ ROUTES: tuple[tuple[str, type], ...] = (
 
 
 class DispatcherApp(falcon.App):
-    """A falcon.App that owns its connection pool (closed by the server on exit)."""
+    """A falcon.App that owns its connection pools (closed by the server on exit)."""
 
-    pool: ConnectionPool
+    pool: ConnectionPool        # the primary: token checks, writes, and reads unless a standby is set
+    reads: ReadRoute | None     # the standby of ``api.read_dsn``, if any
+
+    def close(self) -> None:
+        self.pool.close()
+        if self.reads is not None:
+            self.reads.close()
 
 
 def _json_default(value: Any) -> Any:
@@ -99,8 +105,13 @@ def create_app(config: Config, dsn: str) -> DispatcherApp:
     api = config.api
     pool = ConnectionPool(dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
                           statement_timeout=api.statement_timeout)
+    reads = None
+    if api.read_dsn:
+        standby = ConnectionPool(api.read_dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
+                                 statement_timeout=api.statement_timeout, application_name="dispatcher-api-read")
+        reads = ReadRoute(pool, standby)
     console = _asset("console.html")
-    ctx = ApiContext(config=api, pool=pool,
+    ctx = ApiContext(config=api, pool=pool, reads=reads,
                      replay_budget=ReplayBudget(api.replays_per_hour, region_per_hour=api.region_replays_per_hour),
                      breaker=config.breaker.policy(), outbound=OutboundPolicy.from_config(config.http),
                      secret_grace=config.secrets.rotation_grace, openapi=_asset("openapi.json"), console=console,
@@ -108,6 +119,7 @@ def create_app(config: Config, dsn: str) -> DispatcherApp:
                      health=HealthCheck(pool))
     app = DispatcherApp(media_type=falcon.MEDIA_JSON)
     app.pool = pool
+    app.reads = reads
     handler = falcon.media.JSONHandler(dumps=functools.partial(json.dumps, default=_json_default))
     app.resp_options.media_handlers.update({falcon.MEDIA_JSON: handler})
     app.req_options.strip_url_path_trailing_slash = False

@@ -18,8 +18,10 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import psycopg2
 import psycopg2.extensions
@@ -29,14 +31,20 @@ from dispatcher.store import api_data
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# After the standby failed a read, reads go to the primary this long before it is tried again.
+STANDBY_RETRY = 5.0
+
 
 class PoolTimeout(store.DatabaseUnavailable):
     """Every connection stayed busy for the whole wait."""
 
 
 class ConnectionPool:
-    def __init__(self, dsn: str, size: int, connect_timeout: float, statement_timeout: float) -> None:
+    def __init__(self, dsn: str, size: int, connect_timeout: float, statement_timeout: float,
+                 application_name: str = "dispatcher-api") -> None:
         self._dsn = dsn
+        self._application_name = application_name
         self._connect_timeout = connect_timeout
         self._statement_timeout_ms = max(1, int(statement_timeout * 1000))
         self._slots = threading.BoundedSemaphore(size)
@@ -46,7 +54,7 @@ class ConnectionPool:
         self.lent = 0
 
     def _open(self) -> store.Connection:
-        conn = store.connect(self._dsn, self._connect_timeout, "dispatcher-api")
+        conn = store.connect(self._dsn, self._connect_timeout, self._application_name)
         try:
             api_data.session_setup(conn, self._statement_timeout_ms)
         except store.StoreError:
@@ -108,3 +116,43 @@ class ConnectionPool:
     def close(self) -> None:
         self._closed = True
         self._drain_idle()
+
+
+class ReadRoute:
+    """Where the API's history reads run: a streaming standby (``api.read_dsn``),
+    falling back to the primary while the standby is down.
+
+    A read that finds the standby unreachable (or loses its connection) is
+    run again on the primary -- a read is safe to repeat -- and the next
+    ``retry_after`` seconds of reads go straight to the primary, so a dead
+    standby costs one failed attempt per period, not one per request.  A busy
+    standby pool or a statement timeout is *not* a reason to move the load to
+    the primary: those stay 503 problems.
+    """
+
+    def __init__(self, primary: ConnectionPool, standby: ConnectionPool, retry_after: float = STANDBY_RETRY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.primary = primary
+        self.standby = standby
+        self._retry_after = retry_after
+        self._clock = clock
+        self._standby_down_until = -float("inf")
+
+    def run(self, read: Callable[[store.Connection], T]) -> T:
+        """``read(conn)`` on the standby if it is up, else (or if it fails) on the primary."""
+        if self._clock() >= self._standby_down_until:
+            try:
+                with self.standby.connection() as conn:
+                    return read(conn)
+            except (PoolTimeout, store.QueryTimeout):
+                raise
+            except store.DatabaseUnavailable:
+                if self._clock() >= self._standby_down_until:
+                    log.warning("the read standby (api.read_dsn) is unavailable; history reads go to the primary "
+                                "for %.0fs before it is tried again event=read_standby_down", self._retry_after)
+                self._standby_down_until = self._clock() + self._retry_after
+        with self.primary.connection() as conn:
+            return read(conn)
+
+    def close(self) -> None:
+        self.standby.close()

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import falcon
 
 from dispatcher import store
 from dispatcher.api import auth, params
-from dispatcher.api.pool import ConnectionPool
+from dispatcher.api.pool import ConnectionPool, ReadRoute
 from dispatcher.api.problems import Problem, bad_request, not_found, unprocessable
 from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.breaker import BreakerPolicy, EndpointBreaker
@@ -35,11 +35,14 @@ from dispatcher.store import Connection, api_data
 # database round trip per second, not one each.
 HEALTH_TTL = 1.0
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class ApiContext:
     config: ApiConfig
     pool: ConnectionPool
+    reads: ReadRoute | None
     replay_budget: ReplayBudget
     breaker: BreakerPolicy
     outbound: OutboundPolicy
@@ -76,6 +79,22 @@ def principal(ctx: ApiContext, req: falcon.Request, scope: str) -> auth.Principa
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
         return _authenticate(ctx, conn, token, scope)
+
+
+def read(ctx: ApiContext, req: falcon.Request, scope: str, query: Callable[[Connection, auth.Principal], T]) -> T:
+    """Authenticate, then run the read-only ``query(conn, principal)``.
+
+    With a standby (``api.read_dsn``) the token is checked on the primary --
+    a token revoked there stops working at once, whatever the standby's lag
+    -- and ``query`` runs on the standby (on the primary while it is down;
+    it may then run twice, which a read allows).  Without one, both share
+    one primary connection, as every route does.
+    """
+    if ctx.reads is None:
+        with session(ctx, req, scope) as (conn, who):
+            return query(conn, who)
+    who = principal(ctx, req, scope)
+    return ctx.reads.run(lambda conn: query(conn, who))
 
 
 def _plausible_token(ctx: ApiContext, req: falcon.Request) -> str:
@@ -134,15 +153,16 @@ class Deliveries:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
             params.only(req, "event_id", "endpoint_id", "status", "since", "until", "limit", "cursor")
             filters = api_data.DeliveryFilter(
                 event_id=params.query_event_id(req), endpoint_id=params.query_int(req, "endpoint_id"),
                 status=params.status(req), since=params.query_timestamp(req, "since"),
                 until=params.query_timestamp(req, "until"))
-            limit, before = params.limit(req), params.cursor(req)
-            rows = api_data.list_deliveries(conn, who.workspace_id, filters, before, limit + 1)
-        resp.media = _page(rows, limit)
+            return api_data.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
+                                            params.limit(req) + 1)
+
+        resp.media = _page(read(self.ctx, req, auth.READ, query), params.limit(req))
 
 
 class Delivery:
@@ -152,11 +172,12 @@ class Delivery:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, delivery_id: str) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            row = api_data.get_delivery(conn, who.workspace_id, ident)
-        resp.media = delivery_json(row)
+            return api_data.get_delivery(conn, who.workspace_id, ident)
+
+        resp.media = delivery_json(read(self.ctx, req, auth.READ, query))
 
 
 class Replay:
@@ -180,7 +201,7 @@ class EventDeliveries:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, event_id: str) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
             event = params.event_id(event_id)
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
@@ -189,7 +210,10 @@ class EventDeliveries:
             # An event with no endpoint subscribed has no rows but does exist.
             if not rows and before is None and not api_data.event_exists(conn, who.workspace_id, event):
                 raise not_found(f"event {event[:80]!r} does not exist")
-        resp.media = {"event_id": event, **_page(rows, limit)}
+            return rows
+
+        rows = read(self.ctx, req, auth.READ, query)
+        resp.media = {"event_id": event_id, **_page(rows, params.limit(req))}
 
 
 def breaker_state(row: dict[str, Any], policy: BreakerPolicy) -> str:
@@ -233,12 +257,14 @@ class Endpoints:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
             rows = api_data.endpoints(conn, who.workspace_id, self.ctx.secret_grace, before, limit + 1)
-        whole = auth.WRITE in who.scopes
-        resp.media = _page(rows, limit, lambda row: endpoint_json(row, self.ctx.breaker, whole))
+            whole = auth.WRITE in who.scopes
+            return _page(rows, limit, lambda row: endpoint_json(row, self.ctx.breaker, whole))
+
+        resp.media = read(self.ctx, req, auth.READ, query)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         who = principal(self.ctx, req, auth.WRITE)
@@ -273,10 +299,12 @@ class Endpoint:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             ident = params.path_id(endpoint_id, "endpoint")
             params.only(req)
-            resp.media = _shown_endpoint(self.ctx, conn, who, ident)
+            return _shown_endpoint(self.ctx, conn, who, ident)
+
+        resp.media = read(self.ctx, req, auth.READ, query)
 
     def on_patch(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
         who = principal(self.ctx, req, auth.WRITE)
@@ -358,11 +386,12 @@ class AuditLog:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
             params.only(req, "endpoint_id", "limit", "cursor")
-            endpoint_id, limit, before = params.query_int(req, "endpoint_id"), params.limit(req), params.cursor(req)
-            rows = api_data.list_audit(conn, who.workspace_id, endpoint_id, before, limit + 1)
-        resp.media = _page(rows, limit, audit_json)
+            endpoint_id, before = params.query_int(req, "endpoint_id"), params.cursor(req)
+            return api_data.list_audit(conn, who.workspace_id, endpoint_id, before, params.limit(req) + 1)
+
+        resp.media = _page(read(self.ctx, req, auth.READ, query), params.limit(req), audit_json)
 
 
 def _rate(succeeded: int, attempts: int) -> float | None:
@@ -402,11 +431,11 @@ class EndpointStats:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        with session(self.ctx, req, auth.READ) as (conn, who):
+        def query(conn: Connection, who: auth.Principal) -> api_data.StatsWindow:
             params.only(req, "window", "buckets")
-            window, buckets = params.stats_window(req), params.stats_buckets(req)
-            stats = api_data.endpoint_stats(conn, who.workspace_id, window, buckets)
-        resp.media = endpoint_stats_json(stats, buckets)
+            return api_data.endpoint_stats(conn, who.workspace_id, params.stats_window(req), params.stats_buckets(req))
+
+        resp.media = endpoint_stats_json(read(self.ctx, req, auth.READ, query), params.stats_buckets(req))
 
 
 def _recover_window(body: Any, max_age: float) -> tuple[datetime, datetime | None]:

@@ -55,10 +55,12 @@ def serve(config: Config) -> int:
     host, port = server.address[:2]
     # Tests (and operators with api.listen port 0) read the real port here.
     log.info("API listening on http://%s:%d", host, port)
+    if app.reads is not None:
+        log.info("history reads go to the standby named by api.read_dsn (the primary while it is down)")
     try:
         server.serve_forever()
     finally:
-        app.pool.close()
+        app.close()
     log.info("API stopped")
     return ExitCode.OK
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from types import MappingProxyType
@@ -38,7 +38,8 @@ Connection = psycopg2.extensions.connection
 
 __all__ = [
     "QUERIES", "Audit", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
-    "QueryTimeout", "SchemaOutdated", "StoreError", "connect", "query_rows", "run_query", "transaction", "translated",
+    "QueryTimeout", "SchemaOutdated", "StoreError", "connect", "connect_each", "query_rows", "run_query",
+    "transaction", "translated",
 ]
 
 
@@ -85,6 +86,50 @@ def connect(dsn: str, connect_timeout: float = 5.0, application_name: str = "dis
     except psycopg2.OperationalError as exc:
         first_line = (str(exc).strip().splitlines() or ["unknown error"])[0]
         raise DatabaseUnavailable(f"cannot connect to the database: {first_line}") from None
+
+
+def single_host_dsns(dsn: str) -> list[str]:
+    """``dsn`` as one DSN per server it names, in libpq's order (``host=a,b port=1,2``
+    gives two); a DSN naming one server comes back unchanged.  Every other parameter
+    (``target_session_attrs`` included) is kept, so libpq still checks each server."""
+    try:
+        params = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        return [dsn]  # let connect() report it
+    hosts = params.get("host", "").split(",")
+    addresses = params.get("hostaddr", "").split(",")
+    if max(len(hosts), len(addresses)) < 2:
+        return [dsn]
+    count = max(len(hosts), len(addresses))
+    ports = params.get("port", "").split(",")
+
+    def nth(values: list[str], n: int) -> str:
+        return values[n] if len(values) == count else values[0]  # one value applies to every server
+
+    singles = []
+    for n in range(count):
+        single = {**params, "host": nth(hosts, n), "hostaddr": nth(addresses, n), "port": nth(ports, n)}
+        singles.append(psycopg2.extensions.make_dsn(**{k: v for k, v in single.items() if v}))
+    return singles
+
+
+def connect_each(dsn: str, connect_timeout: float, application_name: str,
+                 bound: Callable[[], AbstractContextManager[Any]]) -> Connection:
+    """:func:`connect` to the servers of a multi-host DSN one at a time, each attempt within ``bound``.
+
+    For green (gevent) processes: there libpq connects without blocking and
+    does not apply ``connect_timeout`` itself, so a first server that accepts
+    and then stays silent (hung, or its host gone) would hold the connect
+    forever instead of libpq moving on to the next one.
+    """
+    failure = DatabaseUnavailable("cannot connect to the database: no server in the DSN")
+    for single in single_host_dsns(dsn):
+        try:
+            with bound():
+                return connect(single, connect_timeout, application_name)
+        except DatabaseUnavailable as exc:
+            failure = exc
+    raise failure
 
 
 def run_query(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:

@@ -12,8 +12,8 @@ import functools
 import json
 import re
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -25,7 +25,7 @@ from dispatcher.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.health import BacklogFigures, BacklogRule
 from dispatcher.redact import storable
 from dispatcher.signing import ROTATION_GRACE
-from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect
+from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each
 from dispatcher.store.errors import translate
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -89,17 +89,37 @@ class ManagedConnection:
     """
 
     def __init__(self, dsn: str, application_name: str, connect_timeout: float = 5.0,
-                 prepared_statements: bool = True) -> None:
+                 prepared_statements: bool = True,
+                 bound: Callable[[float], AbstractContextManager[Any]] | None = None,
+                 statement_deadline: float = 30.0) -> None:
         self._dsn = dsn
+        # ``bound(seconds)`` limits a wait for the server and raises DatabaseUnavailable when it
+        # passes: each server's connect (``connect_timeout``) and each call (``statement_deadline``).
+        # A server that hangs, or a host gone silent, keeps the socket open, and a green process's
+        # libpq applies no timeout of its own: without a bound a call would wait for TCP to give up
+        # (minutes, or hours for a read).  The worker passes a gevent.Timeout; the store itself stays
+        # free of gevent, and without a bound (the supervisor) libpq's blocking connect_timeout holds.
+        self._bound = bound
+        self._statement_deadline = statement_deadline
         self._application_name = application_name
         self._connect_timeout = connect_timeout
         self._use_prepared = prepared_statements
         self._conn: Connection | None = None
         self._prepared: set[str] = set()
 
+    def _deadline(self) -> AbstractContextManager[Any]:
+        return nullcontext() if self._bound is None else self._bound(self._statement_deadline)
+
+    def _connect(self) -> Connection:
+        if self._bound is None:
+            return connect(self._dsn, self._connect_timeout, self._application_name)
+        bound = self._bound
+        return connect_each(self._dsn, self._connect_timeout, self._application_name,
+                            lambda: bound(self._connect_timeout))
+
     def _connection(self) -> Connection:
         if self._conn is None or self._conn.closed:
-            conn = connect(self._dsn, self._connect_timeout, self._application_name)
+            conn = self._connect()
             conn.autocommit = True
             # Only prepared statements have cached plans.  Without them (behind a
             # transaction pooler) this session SET would be wrong twice over: it
@@ -135,26 +155,33 @@ class ManagedConnection:
     def statement(self) -> Iterator[Any]:
         """A cursor for self-contained statements: each one is its own transaction."""
         try:
-            with self._connection().cursor() as cur:
+            with self._connection().cursor() as cur, self._deadline():
                 yield cur
         except psycopg2.Error as exc:
             self._raise(exc)
+        except DatabaseUnavailable:
+            self.close()  # the deadline passed mid-call: the session's state is unknown
+            raise
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """An explicit transaction: committed on success, rolled back on any error."""
         tx = Transaction(self._connection().cursor())
-        try:
-            yield tx
-            tx.finish()
-        except psycopg2.Error as exc:
-            self._abort()
-            self._raise(exc)
-        except BaseException:
-            self._abort()
-            raise
-        finally:
-            tx.close()
+        with self._deadline():
+            try:
+                yield tx
+                tx.finish()
+            except psycopg2.Error as exc:
+                self._abort()
+                self._raise(exc)
+            except DatabaseUnavailable:
+                self.close()  # the deadline passed: a ROLLBACK would wait for the same silent server
+                raise
+            except BaseException:
+                self._abort()
+                raise
+            finally:
+                tx.close()
 
     def _raise(self, exc: psycopg2.Error) -> NoReturn:
         """Raise the store error ``exc`` means.  A lost connection is dropped

@@ -6,7 +6,8 @@
 * :mod:`.seeding`  -- workspaces and endpoints, events through ``WebhookSender``;
 * :mod:`.configs`  -- the YAML config of a test or benchmark run;
 * :mod:`.runner`   -- the dispatcher run as in production, in its own process group;
-* :mod:`.logs`     -- structured ``event=NAME`` keys in its log lines.
+* :mod:`.logs`     -- structured ``event=NAME`` keys in its log lines;
+* :mod:`.replication` -- a primary and a streaming standby on loopback ports (failover, read replicas).
 
 The pytest fixtures stay in ``tests/conftest.py``; they call this kit.
 """
@@ -17,13 +18,22 @@ from dispatcher_devtools.kit.database import (
     Database,
     ServerUnreachable,
     query,
+    run_autocommit,
     scratch_database,
     status_counts,
     with_dbname,
 )
 from dispatcher_devtools.kit.logs import assert_no_event, log_events
+from dispatcher_devtools.kit.replication import ReplicationPair, ReplicationUnavailable, free_port
 from dispatcher_devtools.kit.runner import REPO, Dispatcher, process_tree
-from dispatcher_devtools.kit.seeding import SECRET, produce, seed_endpoints, seed_workspace, seed_workspaces
+from dispatcher_devtools.kit.seeding import (
+    SECRET,
+    SteadyProducer,
+    produce,
+    seed_endpoints,
+    seed_workspace,
+    seed_workspaces,
+)
 from dispatcher_devtools.kit.waiting import WaitTimeout, wait_until
 
 __all__ = [
@@ -41,14 +51,19 @@ __all__ = [
     "bench_config",
     "config_for_test",
     "log_events",
+    "free_port",
     "process_tree",
     "produce",
     "query",
+    "ReplicationPair",
+    "ReplicationUnavailable",
+    "run_autocommit",
     "scratch_database",
     "seed_endpoints",
     "seed_workspace",
     "seed_workspaces",
     "status_counts",
+    "SteadyProducer",
     "wait_until",
     "with_dbname",
     "write_config",

@@ -4,6 +4,7 @@ processes and profiles."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +29,11 @@ class CaptureServer:
         """How many POSTs arrived at ``path``."""
         with self.lock:
             return sum(1 for post in self.captured if post.path == path)
+
+    def by_event(self) -> collections.Counter[tuple[str, str]]:
+        """POSTs per (``webhook-id``, path): an endpoint per path, so >1 is a duplicate."""
+        with self.lock:
+            return collections.Counter((post.headers["webhook-id"], post.path) for post in self.captured)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -77,8 +77,8 @@ class ServerUnreachable(RuntimeError):
     """The Postgres server named for tests or benchmarks does not answer."""
 
 
-def _admin(server_dsn: str, *statements: str) -> None:
-    # A short-lived autocommit session: CREATE/DROP DATABASE refuse transactions.
+def run_autocommit(server_dsn: str, *statements: str) -> None:
+    """Statements in one short-lived autocommit session (CREATE DATABASE, ALTER SYSTEM refuse transactions)."""
     try:
         conn = psycopg2.connect(server_dsn, connect_timeout=5)
     except psycopg2.OperationalError as exc:
@@ -105,7 +105,7 @@ def scratch_database(server_dsn: str, name: str, *, template: str | None = None,
     drop = f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'
     # FILE_COPY: cloning a small template by copying files beats WAL-logging it.
     clone = f' TEMPLATE "{template}" STRATEGY FILE_COPY' if template else ""
-    _admin(server_dsn, *([drop] if replace else []), f'CREATE DATABASE "{name}"{clone}')
+    run_autocommit(server_dsn, *([drop] if replace else []), f'CREATE DATABASE "{name}"{clone}')
     try:
         database = Database(with_dbname(server_dsn, name), name, application_name)
         if migrate:
@@ -117,4 +117,4 @@ def scratch_database(server_dsn: str, name: str, *, template: str | None = None,
         yield database
     finally:
         with contextlib.suppress(*((psycopg2.Error, ServerUnreachable) if quiet_drop else ())):
-            _admin(server_dsn, drop)
+            run_autocommit(server_dsn, drop)

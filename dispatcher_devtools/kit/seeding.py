@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,3 +66,62 @@ def produce(config_path: Path | str, dsn: str, workspace: str, count: int, event
             return [tx.send(Event(workspace, event_type, payload or {"n": n})).id for n in range(count)]
     finally:
         conn.close()
+
+
+class SteadyProducer:
+    """A thread that commits one event per transaction until stopped, as a busy
+    producer would through a database outage: a failed send or COMMIT is
+    counted and the connection reopened after ``pause``.
+
+    ``committed`` holds (event id, monotonic time the COMMIT returned) of every
+    event whose COMMIT succeeded -- the events that must never be lost.  An
+    event whose COMMIT raised is in doubt (it may or may not have been written)
+    and is not counted.
+    """
+
+    def __init__(self, config_path: Path | str, dsn: str, workspace: str, interval: float = 0.01,
+                 pause: float = 0.1) -> None:
+        self._sender = WebhookSender(load_config(config_path, env={}))
+        self._dsn = dsn
+        self._workspace = workspace
+        self._interval = interval
+        self._pause = pause
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
+        self.committed: list[tuple[str, float]] = []
+        self.failures: list[str] = []
+
+    def __enter__(self) -> SteadyProducer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def ids(self, before: float = math.inf) -> set[str]:
+        """Ids of the events committed before monotonic time ``before``."""
+        return {event_id for event_id, at in list(self.committed) if at < before}
+
+    def _run(self) -> None:
+        conn: psycopg2.extensions.connection | None = None
+        n = 0
+        while not self._stop.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg2.connect(self._dsn, connect_timeout=2)
+                with self._sender.transaction(conn) as tx:
+                    stored = tx.send(Event(self._workspace, "job.created", {"n": n}))
+                self.committed.append((stored.id, time.monotonic()))
+                n += 1
+                self._stop.wait(self._interval)
+            except psycopg2.Error as exc:
+                self.failures.append(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                if conn is not None:
+                    conn.close()
+                self._stop.wait(self._pause)
+        if conn is not None:
+            conn.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher_devtools.kit import Dispatcher, produce, query, seed_workspace, status_counts
+from dispatcher_devtools.kit import Dispatcher, free_port, produce, query, seed_workspace, status_counts
 from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support.faults import settle
 
@@ -31,12 +31,6 @@ pytestmark = pytest.mark.timeout(240)
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 EVENTS = 2000
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _dsn_part(dsn: str, key: str) -> str:
@@ -59,7 +53,7 @@ def pgbouncer(empty_db) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 
 def _run_pgbouncer(folder: Path, server_dsn: str) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     host, server_port = _dsn_part(server_dsn, "host"), _dsn_part(server_dsn, "port")
     (folder / "userlist.txt").write_text('"postgres" ""\n')
     ini = folder / "pgbouncer.ini"
