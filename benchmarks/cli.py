@@ -28,7 +28,7 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
                  context: dict[str, Any] | None = None, max_per_second: float | None = None,
-                 duration: float | None = None) -> dict[str, Any]:
+                 duration: float | None = None, max_in_flight: int | None = None) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
@@ -37,6 +37,7 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
         kwargs["processes"] = processes
     if name == "internet":
         kwargs["seconds"] = duration
+        kwargs["max_in_flight"] = max_in_flight
     if name == "throughput":
         kwargs["ceiling"] = context.get("ceiling")
         kwargs["max_per_second"] = max_per_second
@@ -116,7 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=None,
                         help="internet: seconds of offered load in the faulty phase (default: "
                              "$BENCH_INTERNET_SECONDS, else 300)")
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="internet: the workers' max_in_flight (default: the config default)")
     args = parser.parse_args(argv)
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        parser.error("--max-in-flight must be a positive number")
     if args.duration is not None and args.duration <= 0:
         parser.error("--duration must be a positive number of seconds")
     names = args.scenario or list(SCENARIOS)
@@ -126,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for name in names:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
-                              max_per_second=args.max_per_second, duration=args.duration)
+                              max_per_second=args.max_per_second, duration=args.duration,
+                              max_in_flight=args.max_in_flight)
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)

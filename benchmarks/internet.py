@@ -28,9 +28,10 @@ would not do: it would share the faults' cost.  Figures:
 * worker RSS and open file descriptors, sampled every second: the max, and
   the mean of the last third of the run against the middle third (bounded:
   at most 10 % more, plus a little slack for descriptors);
-* the rows each worker held (claimed, not yet finished) against
-  ``max_in_flight``, and the age of the healthy endpoints' due backlog: a
-  worker at its cap while due rows age is a worker the cap limits.
+* the rows each worker holds (queued + sending, its own count, reported once a
+  second) against ``max_in_flight`` (``--max-in-flight`` changes it), and the
+  age of the healthy endpoints' due backlog: a worker at its cap while due rows
+  age is a worker the cap limits.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def _sample_workers(db: Database, dispatcher: DispatcherRun, samples: list[dict[
                         fds.append(proc.num_fds())
                     except psutil.Error:
                         continue
-                cur.execute("""SELECT count(*) FROM webhook_deliveries
-                                WHERE status = 'pending' AND locked_until > now() GROUP BY locked_by""")
+                # The workers' own count (queued + sending), written every status_interval.
+                cur.execute("SELECT in_flight FROM dispatcher_processes")
                 held = [int(row[0]) for row in cur.fetchall()]
                 if rss:
                     samples.append({"t": round(time.monotonic() - started, 1), "rss_mb": round(max(rss) / 2**20, 1),
@@ -231,7 +232,7 @@ def _offer(setup: EngineSetup, dispatcher: DispatcherRun, endpoints: Endpoints, 
 
 
 def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces: int, client: str | None,
-           processes: int, tiny: bool) -> dict[str, Any]:
+           processes: int, tiny: bool, max_in_flight: int | None) -> dict[str, Any]:
     with engine_setup(label, receiver_seed=7) as setup:
         db = setup.db
         endpoints = _seed(setup, faults, workspaces)
@@ -239,7 +240,11 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
         retry: dict[str, Any] = {}
         if tiny:  # hangs and drips end sooner, and a healthy answer cut by that timeout is retried sooner
             http["timeout"], retry["base"] = "2s", "500ms"
-        config = setup.config(workers={"processes": processes}, http=http, retry=retry)
+        # status_interval 1 s: the workers report what they hold once a second (a HOT update each).
+        workers: dict[str, Any] = {"processes": processes, "status_interval": "1s"}
+        if max_in_flight is not None:
+            workers["max_in_flight"] = max_in_flight
+        config = setup.config(workers=workers, http=http, retry=retry)
         with DispatcherRun(setup.tmp, config) as dispatcher:
             dispatcher.wait_ready(processes)
             sampled = _offer(setup, dispatcher, endpoints, rate=rate, seconds=seconds, workspaces=workspaces)
@@ -271,7 +276,7 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
         if ever_opened:
             opened[kind_of_id[endpoint]] = opened.get(kind_of_id[endpoint], 0) + 1
     held = [s["held"] for s in sampled.workers]
-    max_in_flight = config["workers"].get("max_in_flight", WorkersConfig().max_in_flight)
+    cap = config["workers"].get("max_in_flight", WorkersConfig().max_in_flight)
     return {
         "seconds": seconds, "offered_per_s": rate, "endpoints": len(endpoints.ids),
         "endpoint_classes": endpoints.classes(), "events": len(commits),
@@ -287,8 +292,8 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
         "worker_rss_mb": resource_trend(sampled.workers, "rss_mb"),
         "worker_open_fds": resource_trend(sampled.workers, "fds", FD_SLACK),
         "worker_samples": sampled.workers,
-        "held_rows": {"max_in_flight": max_in_flight, "max": max(held, default=0), "mean": _mean(held),
-                      "samples_at_cap": sum(1 for h in held if h >= 0.95 * max_in_flight)},
+        "held_rows": {"max_in_flight": cap, "max": max(held, default=0), "mean": _mean(held),
+                      "samples_at_cap": sum(1 for h in held if h >= 0.95 * cap)},
         "receiver": {"requests": stats.get("requests"), "bad_signatures": stats.get("bad_signatures")},
         **cpu_split(sampled.cpu, len(first_attempts)),
         "machine": sampled.machine, "log": log_counts,
@@ -300,12 +305,13 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
 
 
 def run(tiny: bool = False, client: str | None = None, processes: int = 2,
-        seconds: float | None = None) -> dict[str, Any]:
+        seconds: float | None = None, max_in_flight: int | None = None) -> dict[str, Any]:
     faulty_seconds = 3.0 if tiny and seconds is None else duration(seconds)
     baseline_seconds = 2.0 if tiny else max(BASELINE_MIN_SECONDS, faulty_seconds * BASELINE_SHARE)
     workspaces = 20 if tiny else WORKSPACES
     rate = 100.0 if tiny else RATE
-    common = {"rate": rate, "workspaces": workspaces, "client": client, "processes": processes, "tiny": tiny}
+    common = {"rate": rate, "workspaces": workspaces, "client": client, "processes": processes, "tiny": tiny,
+              "max_in_flight": max_in_flight}
     baseline = _phase("internet_baseline", faults=False, seconds=baseline_seconds, **common)
     faulty = _phase("internet", faults=True, seconds=faulty_seconds, **common)
     return summarize(baseline, faulty)
