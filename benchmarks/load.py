@@ -232,11 +232,12 @@ def read_commits(path: Path) -> dict[str, tuple[str, float]]:
     return commits
 
 
-def sample_backlog(db: Database, healthy_ids: list[int], ages: list[float], stop: threading.Event) -> None:
+def sample_backlog(db: Database, healthy_ids: list[int], ages: list[float], stop: threading.Event,
+                   interval: float = 0.25) -> None:
     conn = db.connect(autocommit=True)
     try:
         with conn.cursor() as cur:
-            while not stop.wait(0.25):
+            while not stop.wait(interval):
                 cur.execute("""SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at))::float8, 0)
                                  FROM webhook_deliveries
                                 WHERE status = 'pending' AND next_attempt_at <= now()

@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.cli import SCENARIOS, print_table, run_scenario
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # the fixture runs every scenario
 
 KEYS = {
     "ceiling": {"transports", "receiver", "bare_loop"},
