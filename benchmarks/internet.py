@@ -70,6 +70,7 @@ DEFAULT_SECONDS = 300.0
 SECONDS_ENV = "BENCH_INTERNET_SECONDS"
 BASELINE_SHARE, BASELINE_MIN_SECONDS = 0.2, 20.0
 MEDIAN_MS, P99_MS = 120, 2000
+TINY_LATENCY_MS = (20, 200)   # --tiny: the same shapes, scaled down, so the smoke test ends in seconds
 FAULTS: tuple[tuple[str, float], ...] = (("hang", 0.01), ("error", 0.03), ("refuse", 0.01), ("drip", 0.005))
 PAYLOAD_BYTES = 1024
 TARGETS = {"first_attempt_p50_ms": 100.0, "first_attempt_p99_ms": 1000.0, "healthy_p99_ratio": 1.25,
@@ -86,11 +87,14 @@ def endpoint_classes(count: int, faults: bool, seed: int = 14) -> list[str]:
     return classes
 
 
-def endpoint_url(receiver: ReceiverProcess, kind: str, key: str) -> str:
+def endpoint_url(receiver: ReceiverProcess, kind: str, key: str,
+                 latency_ms: tuple[float, float] = (MEDIAN_MS, P99_MS)) -> str:
+    """The URL of an endpoint of class ``kind``; ``latency_ms``: the answers' (median, p99)."""
+    median, p99 = latency_ms
     if kind == "healthy":
-        return receiver.url("latency", key, median_ms=MEDIAN_MS, p99=P99_MS)
+        return receiver.url("latency", key, median_ms=median, p99=p99)
     if kind == "error":
-        return receiver.url("error", key, median_ms=MEDIAN_MS, p99=P99_MS, status=500)
+        return receiver.url("error", key, median_ms=median, p99=p99, status=500)
     if kind in ("hang", "drip"):
         return receiver.url(kind, key)
     if kind == "refuse":
@@ -196,10 +200,11 @@ class Endpoints:
         return sum(per_workspace[workspace] for workspace, _ in commits.values())
 
 
-def _seed(setup: EngineSetup, faults: bool, workspaces: int) -> Endpoints:
+def _seed(setup: EngineSetup, faults: bool, workspaces: int, tiny: bool) -> Endpoints:
     classes = endpoint_classes(workspaces * PER_WORKSPACE, faults)
     keys = [f"{kind}-{index}" for index, kind in enumerate(classes)]
-    flat = [endpoint_url(setup.receiver, kind, key) for kind, key in zip(classes, keys, strict=True)]
+    latency = TINY_LATENCY_MS if tiny else (MEDIAN_MS, P99_MS)
+    flat = [endpoint_url(setup.receiver, kind, key, latency) for kind, key in zip(classes, keys, strict=True)]
     urls = [flat[start:start + PER_WORKSPACE] for start in range(0, len(flat), PER_WORKSPACE)]
     ids = [endpoint_id for row in seed_endpoints(setup.db.connect(), urls) for endpoint_id in row]
     return Endpoints(ids, dict(zip(ids, classes, strict=True)), dict(zip(keys, classes, strict=True)))
@@ -252,11 +257,11 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
            processes: int, tiny: bool, max_in_flight: int | None) -> dict[str, Any]:
     with engine_setup(label, receiver_seed=7) as setup:
         db = setup.db
-        endpoints = _seed(setup, faults, workspaces)
+        endpoints = _seed(setup, faults, workspaces, tiny)
         http: dict[str, Any] = {"client": client} if client else {}
         retry: dict[str, Any] = {}
         if tiny:  # hangs and drips end sooner, and a healthy answer cut by that timeout is retried sooner
-            http["timeout"], retry["base"] = "2s", "500ms"
+            http["timeout"], retry["base"] = "1s", "200ms"
         # status_interval 1 s: the workers report what they hold once a second (a HOT update each).
         workers: dict[str, Any] = {"processes": processes, "status_interval": "1s"}
         if max_in_flight is not None:
@@ -272,7 +277,7 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
                 wait_until(lambda: not db.scalar("SELECT count(*) FROM webhook_deliveries d LEFT JOIN endpoint_state s "
                                                  "USING (endpoint_id) WHERE d.attempt = 0 "
                                                  "AND coalesce(s.state, 'closed') = 'closed'"),
-                           timeout=3.0 if tiny else 15.0, interval=0.5)
+                           timeout=2.0 if tiny else 15.0, interval=0.2)
             first_attempts = db.query(
                 """SELECT d.event_id, d.endpoint_id, extract(epoch FROM a.started_at)::float8
                      FROM webhook_delivery_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id
@@ -324,8 +329,8 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
 
 def run(tiny: bool = False, client: str | None = None, processes: int = 2,
         seconds: float | None = None, max_in_flight: int | None = None) -> dict[str, Any]:
-    faulty_seconds = 3.0 if tiny and seconds is None else duration(seconds)
-    baseline_seconds = 2.0 if tiny else max(BASELINE_MIN_SECONDS, faulty_seconds * BASELINE_SHARE)
+    faulty_seconds = 2.0 if tiny and seconds is None else duration(seconds)
+    baseline_seconds = 1.0 if tiny else max(BASELINE_MIN_SECONDS, faulty_seconds * BASELINE_SHARE)
     workspaces = 20 if tiny else WORKSPACES
     rate = 100.0 if tiny else RATE
     common = {"rate": rate, "workspaces": workspaces, "client": client, "processes": processes, "tiny": tiny,
