@@ -29,6 +29,7 @@ from benchmarks.harness import (
     insert_backlog,
     percentile,
 )
+from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES
 from dispatcher.store.engine import AttemptRecord, EngineStore, ManagedConnection
 from dispatcher_devtools.kit import Database, seed_endpoints
@@ -80,7 +81,7 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
     try:
         with conn.cursor() as cur:
             params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "busy": [], "after": cursor,
-                      "lease": 60.0}
+                      "lease": 60.0, "grace": ROTATION_GRACE}
             # Each statement runs twice: as text inside a savepoint that is
             # rolled back, then as JSON for real (the record needs the claim).
             cur.execute("SAVEPOINT text_form")

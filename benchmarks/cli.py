@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.harness import load_average, machine
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
-                               "tls", "failover")
+                               "tls", "failover", "internet", "scaleout")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -27,13 +27,17 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 
 
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
-                 context: dict[str, Any] | None = None, max_per_second: float | None = None) -> dict[str, Any]:
+                 context: dict[str, Any] | None = None, max_per_second: float | None = None,
+                 duration: float | None = None, max_in_flight: int | None = None) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
-    if name in ("throughput", "sustained", "isolation", "outage", "tls"):
+    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout"):
         kwargs["client"] = client
         kwargs["processes"] = processes
+    if name == "internet":
+        kwargs["seconds"] = duration
+        kwargs["max_in_flight"] = max_in_flight
     if name == "throughput":
         kwargs["ceiling"] = context.get("ceiling")
         kwargs["max_per_second"] = max_per_second
@@ -110,7 +114,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--machine", action="store_true", help="also print a JSON object describing the machine")
     parser.add_argument("--max-per-second", type=float, default=None,
                         help="throughput: give every endpoint this rate limit (what the limit costs)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="internet: seconds of offered load in the faulty phase (default: "
+                             "$BENCH_INTERNET_SECONDS, else 300)")
+    parser.add_argument("--max-in-flight", type=int, default=None,
+                        help="internet: the workers' max_in_flight (default: the config default)")
     args = parser.parse_args(argv)
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        parser.error("--max-in-flight must be a positive number")
+    if args.duration is not None and args.duration <= 0:
+        parser.error("--duration must be a positive number of seconds")
     names = args.scenario or list(SCENARIOS)
     if args.machine:
         print(json.dumps({"machine": machine()}))
@@ -118,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     for name in names:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
-                              max_per_second=args.max_per_second)
+                              max_per_second=args.max_per_second, duration=args.duration,
+                              max_in_flight=args.max_in_flight)
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
 import threading
@@ -36,6 +37,8 @@ from dispatcher_devtools.kit import (
 from dispatcher_devtools.receiver import ReceiverProcess
 
 REPO = Path(__file__).resolve().parent.parent
+_WORKER_STARTED = re.compile(r" worker (\S+) started \(client=")
+_FENCE_WARNING = re.compile(r"(\d+) stale results rejected by the claim-token fence")
 DEFAULT_SERVER_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
@@ -465,11 +468,18 @@ class DispatcherRun(Dispatcher):
                 parts.append(path.read_text(errors="replace")[-chars:])
         return "\n".join(parts)
 
+    def owners(self) -> list[str]:
+        """The owner ids (``host:supervisor-pid:wN``) of the workers that logged their start."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return _WORKER_STARTED.findall(text)
+
     def log_counts(self) -> dict[str, int]:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return {"lines": text.count("\n"), "attempt_lines": text.count(" attempt event_id="),
                 "warnings": text.count(" WARNING "), "errors": text.count(" ERROR "),
-                "bytes": len(text.encode("utf-8", "replace"))}
+                "bytes": len(text.encode("utf-8", "replace")),
+                # Results of rows whose lease lapsed and another worker claimed: the worker's warning.
+                "fence_rejected": sum(int(n) for n in _FENCE_WARNING.findall(text))}
 
 
 @contextlib.contextmanager
@@ -506,11 +516,13 @@ class EngineSetup:
             sections = {**sections, "http": {**https, **sections.get("http", {})}}
         return bench_config(self.db.dsn, self.tmp / "dispatcher.log", self.statsd.port, **sections)
 
-    def cpu_meter(self, dispatcher: DispatcherRun,
+    def cpu_meter(self, dispatcher: DispatcherRun | Sequence[DispatcherRun],
                   **extra: Callable[[], Iterable[psutil.Process]]) -> CpuMeter:
-        """A started meter over the dispatcher, Postgres (by role), the receiver and ``extra`` groups."""
+        """A started meter over the dispatcher (every supervisor given), Postgres (by role), the
+        receiver and ``extra`` groups."""
         receiver = self.receiver
-        return CpuMeter({"dispatcher": dispatcher.tree, **self.pg.groups(),
+        runs = [dispatcher] if isinstance(dispatcher, DispatcherRun) else list(dispatcher)
+        return CpuMeter({"dispatcher": lambda: [p for run in runs for p in run.tree()], **self.pg.groups(),
                          "receiver": lambda: process_tree(receiver.pid), **extra}).start()
 
 

@@ -40,7 +40,7 @@ from dispatcher_devtools.kit import Database, process_tree, seed_endpoints
 PRODUCER_THREADS = 8
 
 
-def _produce(dsn: str, config_path: str, routes: list[tuple[str, float]], rate: float, seconds: float,
+def produce_events(dsn: str, config_path: str, routes: list[tuple[str, float]], rate: float, seconds: float,
              payload_bytes: int, out_path: str, seed: int) -> None:
     """Child process: paced producers; writes ``event_id,workspace,commit_ts`` lines to ``out_path``."""
     import psycopg2
@@ -84,6 +84,16 @@ def _produce(dsn: str, config_path: str, routes: list[tuple[str, float]], rate: 
     Path(out_path).write_text("".join(line for part in lines for line in part), encoding="utf-8")
 
 
+def start_producer(db: Database, dispatcher: DispatcherRun, routes: list[tuple[str, float]], rate: float,
+                   seconds: float, payload_bytes: int, out_path: Path) -> multiprocessing.process.BaseProcess:
+    """The paced producers (:func:`produce_events`, ``rate`` events/s over ``routes``) in a forked process."""
+    producer = multiprocessing.get_context("fork").Process(
+        target=produce_events, args=(db.dsn, str(dispatcher.config_path), routes, rate, seconds, payload_bytes,
+                                     str(out_path), 1))
+    producer.start()
+    return producer
+
+
 def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_share: float = 0.0,
              hang_share: float = 0.0, client: str | None = None, processes: int = 2, drain_timeout: float = 30.0,
              payload_bytes: int = 1024, retry: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -112,15 +122,12 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
             load_before = load_average()
             ages: list[float] = []
             stop = threading.Event()
-            sampler = threading.Thread(target=_sample_backlog, args=(db, healthy_ids, ages, stop), daemon=True)
+            sampler = threading.Thread(target=sample_backlog, args=(db, healthy_ids, ages, stop), daemon=True)
             sampler.start()
             out_path = tmp / "produced.csv"
-            producer = multiprocessing.get_context("fork").Process(
-                target=_produce, args=(db.dsn, str(dispatcher.config_path), routes, rate, seconds, payload_bytes,
-                                       str(out_path), 1))
             wal_start = wal_lsn(db)
             started = time.time()
-            producer.start()
+            producer = start_producer(db, dispatcher, routes, rate, seconds, payload_bytes, out_path)
             producing.append(producer.pid)
             producer.join(seconds + 60)
             produced_for = time.time() - started
@@ -130,10 +137,10 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
             cpu = meter.stop()
             machine_load = machine_cpu.stop(cpu["dispatcher"] + cpu["postgres_all_databases"] + cpu["receiver"])
             load_after = load_average()
-            commits = _read_commits(out_path)
+            commits = read_commits(out_path)
             healthy_workspaces = {f"ws{i}" for i in range(healthy)}
             healthy_events = {e for e, (w, _) in commits.items() if w in healthy_workspaces}
-            drained = _wait_delivered(db, healthy_ids, len(healthy_events), drain_timeout)
+            drained = wait_delivered(db, healthy_ids, len(healthy_events), drain_timeout)
             first_attempts = dict(db.query(
                 """SELECT d.event_id, extract(epoch FROM a.started_at)::float8
                      FROM webhook_delivery_attempts a JOIN webhook_deliveries d ON d.id = a.delivery_id
@@ -158,7 +165,7 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
         "offered_per_s": rate,
         "seconds": seconds,
         "produced": len(commits),
-        "produced_per_s": _production_rate(commits),
+        "produced_per_s": production_rate(commits),
         "offered": offered,
         "healthy_endpoints": healthy,
         "healthy_offered": int(round(healthy_offered)),
@@ -168,8 +175,7 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
         "rows": rows,
         "lost": len(commits) - rows,
         "statuses": statuses,
-        "backlog_age": {"samples": len(ages), "p50_s": _round(percentile(ages, 50)),
-                        "p99_s": _round(percentile(ages, 99)), "max_s": _round(max(ages) if ages else None)},
+        "backlog_age": age_summary(ages),
         "commit_to_first_attempt": summary_ms(to_first),
         "healthy_commit_to_2xx": summary_ms(to_2xx),
         "healthy_commit_to_2xx_first_attempt": summary_ms(to_2xx_first),
@@ -192,14 +198,20 @@ def run_load(*, label: str, seconds: float, rate: float, healthy: int, slow_shar
     }
 
 
-def _production_rate(commits: dict[str, tuple[str, float]]) -> float | None:
+def production_rate(commits: dict[str, tuple[str, float]]) -> float | None:
     stamps = [stamp for _, stamp in commits.values()]
     if len(stamps) < 2:
         return None
     return round((len(stamps) - 1) / (max(stamps) - min(stamps)), 1)
 
 
-def _round(value: float | None) -> float | None:
+def age_summary(ages: list[float]) -> dict[str, Any]:
+    """p50/p99/max in seconds of the backlog-age samples."""
+    return {"samples": len(ages), "p50_s": round_or_none(percentile(ages, 50)),
+            "p99_s": round_or_none(percentile(ages, 99)), "max_s": round_or_none(max(ages) if ages else None)}
+
+
+def round_or_none(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
@@ -210,7 +222,7 @@ def _endpoint_view(ep: dict[str, Any] | None) -> dict[str, Any] | None:
             "statuses": ep.get("statuses")}
 
 
-def _read_commits(path: Path) -> dict[str, tuple[str, float]]:
+def read_commits(path: Path) -> dict[str, tuple[str, float]]:
     commits: dict[str, tuple[str, float]] = {}
     if not path.exists():
         return commits
@@ -220,11 +232,12 @@ def _read_commits(path: Path) -> dict[str, tuple[str, float]]:
     return commits
 
 
-def _sample_backlog(db: Database, healthy_ids: list[int], ages: list[float], stop: threading.Event) -> None:
+def sample_backlog(db: Database, healthy_ids: list[int], ages: list[float], stop: threading.Event,
+                   interval: float = 0.25) -> None:
     conn = db.connect(autocommit=True)
     try:
         with conn.cursor() as cur:
-            while not stop.wait(0.25):
+            while not stop.wait(interval):
                 cur.execute("""SELECT coalesce(extract(epoch FROM now() - min(next_attempt_at))::float8, 0)
                                  FROM webhook_deliveries
                                 WHERE status = 'pending' AND next_attempt_at <= now()
@@ -234,7 +247,7 @@ def _sample_backlog(db: Database, healthy_ids: list[int], ages: list[float], sto
         conn.close()
 
 
-def _wait_delivered(db: Database, healthy_ids: list[int], expected: int, timeout: float) -> bool:
+def wait_delivered(db: Database, healthy_ids: list[int], expected: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = int(db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered' "

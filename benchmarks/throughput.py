@@ -11,6 +11,7 @@ database), so the figure is outbox -> 2xx -> recorded for every row.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from benchmarks.harness import (
     DispatcherRun,
+    EngineSetup,
     MachineCpu,
     bloat,
     cpu_split,
@@ -36,15 +38,19 @@ TARGET_PER_SECOND = 5000.0
 def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 10, payload_bytes: int = 1024,
           client: str | None = None, processes: int = 2, receiver_processes: int = 1, label: str = "throughput",
           timeout: float = 300.0, extra_workers: dict[str, Any] | None = None,
-          keep_db: Any = None, tls: bool = False, max_per_second: float | None = None) -> dict[str, Any]:
+          keep_db: Any = None, tls: bool = False, max_per_second: float | None = None,
+          supervisors: int = 1) -> dict[str, Any]:
     """Seed ``events`` x ``endpoints_per_workspace`` deliveries and let the engine drain them.
 
     ``keep_db``, when given, is called with the database before it is dropped
     (the backlog scenario reads the outbox's bloat from it).  ``tls``: every
     endpoint is https on a TLS receiver.  ``max_per_second``: every endpoint
     gets that rate limit (set high, it measures what the limit costs, not what
-    it holds back).
+    it holds back).  ``supervisors``: that many supervisors (as separate hosts would run them,
+    each with its own owner ids) share the ``processes`` worker processes.
     """
+    if supervisors < 1 or processes % supervisors:
+        raise ValueError(f"{processes} worker processes do not split evenly over {supervisors} supervisors")
     with engine_setup(label, receiver_processes=receiver_processes, tls=tls) as setup:
         db, statsd, receiver = setup.db, setup.statsd, setup.receiver
         urls = [[receiver.url("ok", f"ep{w}-{i}") for i in range(endpoints_per_workspace)]
@@ -55,15 +61,18 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
         handshakes_before = receiver.stats(fast=True).get("tls_handshakes", 0)
         http: dict[str, Any] = {"client": client} if client else {}
         workers = {"processes": processes, **(extra_workers or {})}
-        config = setup.config(workers=workers, http=http)
-        with DispatcherRun(setup.tmp, config) as dispatcher:
-            dispatcher.wait_ready(processes)
+        runs = supervisor_runs(setup, supervisors, workers=workers, http=http)
+        with contextlib.ExitStack() as stack:
+            for run in runs:
+                stack.enter_context(run)
+            for run in runs:
+                run.wait_ready(run.config["workers"]["processes"])
             conn = db.connect()
             cur = conn.cursor()
             expected = insert_backlog(cur, workspaces, events, payload_bytes)
             cur.execute("ANALYZE webhook_deliveries")
             cur.execute("ANALYZE events")
-            meter = setup.cpu_meter(dispatcher, harness=lambda: process_tree(os.getpid())[:1])
+            meter = setup.cpu_meter(runs, harness=lambda: process_tree(os.getpid())[:1])
             machine_cpu = MachineCpu()
             timeline: list[dict[str, Any]] = []
             stop_sampling = threading.Event()
@@ -90,7 +99,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
         stats = receiver.stats()
         # Each control request (/_stats) is a TLS connection of its own, this one too: not the engine's.
         handshakes = stats.get("tls_handshakes", 0) - handshakes_before - 1
-        log_counts = dispatcher.log_counts()  # after the stop: the workers flushed their buffered lines
+        # After the stop: the workers flushed their buffered lines.
+        log_counts = {key: sum(c[key] for c in (run.log_counts() for run in runs)) for key in runs[0].log_counts()}
         after = outbox_stats(db)
         after["pgstattuple"] = bloat(db)
         after["vacuum"] = timed_vacuum(db)
@@ -110,6 +120,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             "tls_handshakes": handshakes if tls else None,
             "tls_resumed": stats.get("tls_resumed") if tls else None,
             "worker_processes": processes,
+            "supervisors": supervisors,
+            "owners": sorted(owner for run in runs for owner in run.owners()),
             "seconds": round(seconds, 3),
             "deliveries_per_s": round(rate, 1) if rate else None,
             "first_attempt_after_commit_s": round(first_started - committed, 3),
@@ -132,6 +144,22 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             "load_average_before": load_before,
             "load_average_after": load_after,
         }
+
+
+def supervisor_runs(setup: EngineSetup, supervisors: int, *, workers: dict[str, Any],
+                    **sections: dict[str, Any]) -> list[DispatcherRun]:
+    """``supervisors`` dispatcher runs on the setup's database, ``workers["processes"]`` split
+    evenly between them, each with its own directory, config and log (one: the setup's own)."""
+    each = {**workers, "processes": workers["processes"] // supervisors}
+    if supervisors == 1:
+        return [DispatcherRun(setup.tmp, setup.config(workers=each, **sections))]
+    runs = []
+    for index in range(supervisors):
+        home = setup.tmp / f"supervisor{index}"
+        home.mkdir()
+        config = setup.config(workers=each, logging={"file": str(home / "dispatcher.log")}, **sections)
+        runs.append(DispatcherRun(home, config))
+    return runs
 
 
 def _sample_outbox(db: Database, started: float, timeline: list[dict[str, Any]],

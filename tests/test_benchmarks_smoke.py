@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks.cli import SCENARIOS, print_table, run_scenario
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # the fixture runs every scenario
 
 KEYS = {
     "ceiling": {"transports", "receiver", "bare_loop"},
@@ -21,6 +21,9 @@ KEYS = {
     "tls": {"deliveries_per_s", "plain_deliveries_per_s", "ratio_to_plain", "tls_handshakes",
             "handshakes_per_endpoint", "cpu_ms_per_delivery"},
     "failover": {"runs", "duplicates", "supervisor_restarts", "worker_restarts"},
+    "internet": {"commit_to_first_attempt", "healthy_p99_ratio_to_baseline", "breakers_opened", "worker_rss_mb",
+                 "worker_open_fds", "max_in_flight_limited", "met_by_target", "faulty", "baseline"},
+    "scaleout": {"one_supervisor", "two_supervisors", "ratio_two_to_one", "conflicts"},
 }
 
 
@@ -66,3 +69,23 @@ def test_the_table_prints(results: dict[str, dict], capsys: pytest.CaptureFixtur
     out = capsys.readouterr().out
     for name in SCENARIOS:
         assert name in out
+
+
+def test_internet_runs_every_endpoint_class_and_a_healthy_baseline(results: dict[str, dict]) -> None:
+    faulty, baseline = results["internet"]["faulty"], results["internet"]["baseline"]
+    assert set(faulty["endpoint_classes"]) == {"healthy", "error", "hang", "refuse", "drip"}
+    assert set(baseline["endpoint_classes"]) == {"healthy"}
+    for phase in (faulty, baseline):
+        assert phase["drained"] and phase["healthy_delivered"] == phase["healthy_deliveries"] > 0
+        assert phase["worker_samples"], "worker RSS and descriptors were sampled"
+    # Each faulty class was attempted and failed the way it should.
+    assert faulty["statuses"].get("pending", 0) + faulty["statuses"].get("dead", 0) > 0
+    assert faulty["log"]["attempt_lines"] > faulty["healthy_deliveries"]
+
+
+def test_scaleout_ran_two_supervisors_with_their_own_owner_ids(results: dict[str, dict]) -> None:
+    one, two = results["scaleout"]["one_supervisor"], results["scaleout"]["two_supervisors"]
+    supervisor_pids = [{owner.split(":")[1] for owner in run["owners"]} for run in (one, two)]
+    assert [len(pids) for pids in supervisor_pids] == [1, 2]
+    assert len(one["owners"]) == len(two["owners"]) == results["scaleout"]["worker_processes"]
+    assert one["deliveries"] == two["deliveries"] > 0

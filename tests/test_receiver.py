@@ -7,15 +7,18 @@ Every test talks to a real ``python -m dispatcher_devtools.receiver`` subprocess
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import ssl
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,7 +30,7 @@ import trustme
 
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import REPO, wait_until
-from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url, signed_headers
+from dispatcher_devtools.receiver import ReceiverProcess, build_profile, closed_port_url, signed_headers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -257,6 +260,44 @@ def test_redirect_status_and_slow_profiles(receiver: ReceiverProcess) -> None:
     assert deliver(receiver.url("latency", new_key(), median_ms=5, sigma=0.5))[0] == 200
     status, _ = deliver(receiver.url("ok", new_key(), body=100))
     assert status == 200
+
+
+def test_lognormal_delay_given_by_median_and_p99() -> None:
+    profile = build_profile("latency", {"median_ms": "120", "p99_ms": "2000"})
+    rng = random.Random(3)
+    draws = sorted(profile.delay(rng) for _ in range(40_000))
+    assert draws[len(draws) // 2] == pytest.approx(0.120, rel=0.05)
+    assert draws[int(len(draws) * 0.99)] == pytest.approx(2.0, rel=0.1)
+    with pytest.raises(ValueError, match="p99_ms"):
+        build_profile("latency", {"median_ms": "120", "p99_ms": "100"})
+    with pytest.raises(ValueError, match="p99_ms"):
+        build_profile("latency", {"p99_ms": "100"})
+
+
+def test_the_url_names_the_p99(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    assert deliver(receiver.url("latency", key, median_ms=2, p99=5))[0] == 200
+    assert receiver.endpoint(key)["statuses"] == {"200": 1}
+
+
+def test_drip_sends_the_answer_a_byte_at_a_time(receiver: ReceiverProcess) -> None:
+    key = new_key()
+    assert deliver(receiver.url("drip", key, drip=1))[0] == 200  # a fast drip still ends in a whole answer
+    url = urlsplit(receiver.url("drip", key, drip=400))
+    wid = f"msg_{uuid.uuid4().hex}"
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(raw_request(f"{url.path}?{url.query}", "x", signed_headers(SECRET, wid, BODY)))
+        first = sock.recv(1024)
+        got = bytearray(first)
+        sock.settimeout(0.2)
+        deadline = time.monotonic() + 1.0  # the whole answer would take ~15 s at 400 ms a byte
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                got += sock.recv(1024)
+    assert first == b"H"  # the first byte came alone
+    assert b"HTTP/1.1 200 OK\r\n".startswith(bytes(got)) and b"\r\n\r\n" not in got  # a beginning, no more
+    # The client left before the end: an answer never finished is counted as status 0, as for a hang.
+    wait_until(lambda: receiver.endpoint(key)["statuses"].get("0") == 1, 15, message="the drip to notice")
 
 
 def test_runtime_profile_flip(receiver: ReceiverProcess) -> None:

@@ -11,17 +11,20 @@ the defaults (see ``BASE_PROFILES``) and the query string overrides them:
 * ``/ok/k``                                   instant 200
 * ``/latency/k?ms=80``                        fixed delay
 * ``/latency/k?median_ms=80&sigma=0.5``       log-normal delay
+* ``/latency/k?median_ms=120&p99=2000``       log-normal delay given by its median and p99
 * ``/error/k?rate=0.02&status=500``           random errors (combine with delays)
 * ``/ratelimit/k?retry_after=2``              429 with Retry-After
 * ``/unavailable/k?retry_after=2``            503 with Retry-After
 * ``/hang/k``                                 never answers; held until the client leaves
 * ``/slow/k?ms=4800``                         200 after 4.8 s
+* ``/drip/k?drip=1000``                       200, sent one byte a second (slow-drip)
 * ``/redirect/k?to=URL&code=302``             redirect
 * ``/status/k?code=404``                      fixed status
 
 Query names: ``ms`` (latency_ms), ``median_ms``, ``sigma``, ``rate`` (error_rate),
 ``status`` (error_status), ``code`` (status), ``to`` (location), ``retry_after``,
-``body`` (body_bytes, a response body of that many bytes), ``hang``, and the
+``body`` (body_bytes, a response body of that many bytes), ``p99`` (p99_ms),
+``drip`` (drip_ms), ``hang``, and the
 canonical :class:`Profile` field names except ``status``.  A "down" endpoint is
 a closed port, not a route: see :func:`closed_port_url`.
 

@@ -7,7 +7,11 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 from typing import Any, Final
+
+# The standard normal's 99th percentile: a log-normal's p99 is median * exp(Z_99 * sigma).
+Z_99: Final = NormalDist().inv_cdf(0.99)
 
 
 def _header_safe(text: str) -> bool:
@@ -22,21 +26,25 @@ class Profile:
     latency_ms: float = 0.0         # fixed delay before answering
     median_ms: float = 0.0          # > 0 adds a log-normal delay with this median
     sigma: float = 0.5              # shape of that log-normal delay
+    p99_ms: float = 0.0             # > 0 (with median_ms): the delay's p99 instead; sigma follows from it
     error_rate: float = 0.0         # probability of answering error_status instead
     error_status: int = 500
     retry_after: str | None = None  # sent with every non-2xx answer
     location: str | None = None     # sent when set (redirects)
     hang: bool = False              # never answer; hold the connection until the client leaves
     body_bytes: int = 0             # size of the response body
+    drip_ms: float = 0.0            # > 0: send the answer one byte per drip_ms (a slow-drip endpoint)
 
     def __post_init__(self) -> None:
         if not (200 <= self.status <= 599 and 200 <= self.error_status <= 599):
             raise ValueError("status codes must be within 200..599")
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError("error_rate must be within 0..1")
-        numbers = (self.latency_ms, self.median_ms, self.sigma)
+        numbers = (self.latency_ms, self.median_ms, self.sigma, self.p99_ms, self.drip_ms)
         if not all(math.isfinite(x) and x >= 0 for x in numbers):
-            raise ValueError("latency_ms, median_ms and sigma must be finite and not negative")
+            raise ValueError("latency_ms, median_ms, sigma, p99_ms and drip_ms must be finite and not negative")
+        if self.p99_ms and not self.p99_ms >= self.median_ms > 0:
+            raise ValueError("p99_ms needs a median_ms, and must not be below it")
         for text in (self.retry_after, self.location):
             if text is not None and not _header_safe(text):
                 raise ValueError(f"not usable as a header value: {text!r}")
@@ -47,8 +55,14 @@ class Profile:
         """Seconds to wait before answering."""
         seconds = self.latency_ms / 1000.0
         if self.median_ms > 0:
-            seconds += rng.lognormvariate(math.log(self.median_ms / 1000.0), self.sigma)
+            seconds += rng.lognormvariate(math.log(self.median_ms / 1000.0), self.lognormal_sigma())
         return seconds
+
+    def lognormal_sigma(self) -> float:
+        """The log-normal delay's shape: ``sigma``, or the one that puts its p99 at ``p99_ms``."""
+        if self.p99_ms:
+            return math.log(self.p99_ms / self.median_ms) / Z_99
+        return self.sigma
 
     def pick_status(self, rng: random.Random) -> int:
         if self.error_rate >= 1.0 or (self.error_rate > 0 and rng.random() < self.error_rate):
@@ -64,6 +78,8 @@ BASE_PROFILES: Final[Mapping[str, Profile]] = {
     "unavailable": Profile(error_rate=1.0, error_status=503, retry_after="1"),
     "hang": Profile(hang=True),
     "slow": Profile(latency_ms=4800.0),
+    # An answer that trickles out a byte a second: only a whole-attempt deadline ends it.
+    "drip": Profile(drip_ms=1000.0),
     "redirect": Profile(status=302, location="/ok/redirected"),
     "status": Profile(status=404),
 }
@@ -72,7 +88,7 @@ BASE_PROFILES: Final[Mapping[str, Profile]] = {
 # /error/k?rate=0.02&status=500, while "code" is the plain status.
 QUERY_ALIASES: Final[Mapping[str, str]] = {
     "ms": "latency_ms", "rate": "error_rate", "status": "error_status", "code": "status",
-    "to": "location", "body": "body_bytes",
+    "to": "location", "body": "body_bytes", "p99": "p99_ms", "drip": "drip_ms",
 }
 
 
@@ -91,7 +107,7 @@ def _as_optional_str(value: Any) -> str | None:
 
 
 _CONVERTERS: Final[Mapping[str, Callable[[Any], Any]]] = {
-    "status": int, "latency_ms": float, "median_ms": float, "sigma": float,
+    "status": int, "latency_ms": float, "median_ms": float, "sigma": float, "p99_ms": float, "drip_ms": float,
     "error_rate": float, "error_status": int, "retry_after": _as_optional_str,
     "location": _as_optional_str, "hang": as_bool, "body_bytes": int,
 }

@@ -36,6 +36,7 @@ from dispatcher_devtools.receiver.profiles import (
 )
 from dispatcher_devtools.receiver.wire import (
     HttpError,
+    drip,
     hold_until_closed,
     payload_response,
     read_request,
@@ -206,7 +207,10 @@ class Server:
             gevent.sleep(delay)
         status = profile.pick_status(self._rng)
         try:
-            send_fast(sock, response(status, profile, not keep))
+            if profile.drip_ms > 0:
+                drip(sock, response(status, profile, not keep), profile.drip_ms / 1000.0, gevent.sleep)
+            else:
+                send_fast(sock, response(status, profile, not keep))
         except OSError:
             self._state.answered(ep, seen, 0)
             raise

@@ -5,6 +5,7 @@ need the receiver to outrun the dispatcher by a wide margin."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from functools import lru_cache
 from http import HTTPStatus
 from typing import Final
@@ -129,6 +130,15 @@ def send_fast(sock: socket.socket, data: bytes) -> None:
     sent = sock.send(data)
     if sent < len(data):
         sock.sendall(data[sent:])
+
+
+def drip(sock: socket.socket, data: bytes, interval: float, sleep: Callable[[float], None]) -> None:
+    """Send ``data`` one byte per ``interval`` seconds: a receiver that answers, but slowly
+    enough that only the client's deadline for the whole answer ends the wait."""
+    for index in range(len(data)):
+        if index:
+            sleep(interval)
+        sock.sendall(data[index:index + 1])
 
 
 def hold_until_closed(sock: socket.socket) -> None:
