@@ -19,6 +19,7 @@ from dispatcher.delivery import DeliveryMaker
 from dispatcher.policy import Outcome, RetryPolicies, RetryPolicy, classify, terminal
 from dispatcher.store.engine import ClaimedRow
 from dispatcher.transport import TransportResult
+from tests import test_api
 from tests.test_api import World, assert_problem, bearer
 
 STATS = "/v2/webhooks/endpoints/stats"
@@ -26,11 +27,7 @@ HALF_HOUR = timedelta(minutes=30)
 Client = falcon.testing.TestClient
 
 
-@pytest.fixture
-def world(db: Any) -> Iterator[World]:
-    seeded = World(db)
-    yield seeded
-    seeded.conn.close()
+world = test_api.world  # the same seeded world as the API tests
 
 
 @pytest.fixture
