@@ -578,6 +578,34 @@ def test_owner_contact_is_set_shown_and_cleared_in_the_api_and_cli(world, make_c
     capsys.readouterr()
 
 
+def test_workspace_settings_name_who_hears_of_breakers_through_the_api(world, make_client) -> None:
+    """Issue 12 item 4: the workspace's owner contact and its operational webhook URL are the customer's to set."""
+    client = make_client()
+    ws, other = world.workspace("acme"), world.workspace("globex")
+    read, write = world.token(ws, auth.READ), world.token(ws)
+    assert client.simulate_get("/v2/webhooks/workspace", headers=bearer(read)).json == {
+        "owner_contact": None, "notify_webhook_url": None, "url_masked": True}
+    assert_problem(client.simulate_patch("/v2/webhooks/workspace", headers=bearer(read),
+                                         json={"owner_contact": "ops@acme.example"}), 403)
+    url, shown = "https://ops.example.test/notices/k3y", "https://ops.example.test/***/***"
+    changed = client.simulate_patch("/v2/webhooks/workspace", headers=bearer(write),
+                                    json={"owner_contact": "ops@acme.example", "notify_webhook_url": url})
+    assert changed.status_code == 200, changed.text
+    assert changed.json == {"owner_contact": "ops@acme.example", "notify_webhook_url": url, "url_masked": False}
+    as_read = client.simulate_get("/v2/webhooks/workspace", headers=bearer(read)).json
+    assert (as_read["notify_webhook_url"], as_read["url_masked"]) == (shown, True)
+    for bad, status in (({"owner_contact": "nobody"}, 400),
+                        ({"notify_webhook_url": "https://user:pass@ops.example.test/x"}, 422),
+                        ({"secret": "x"}, 400), ({}, 400)):
+        assert_problem(client.simulate_patch("/v2/webhooks/workspace", headers=bearer(write), json=bad), status)
+    cleared = client.simulate_patch("/v2/webhooks/workspace", headers=bearer(write), json={"notify_webhook_url": None})
+    assert cleared.json["notify_webhook_url"] is None and cleared.json["owner_contact"] == "ops@acme.example"
+    assert world.sql("SELECT id, owner_contact, notify_webhook_url FROM workspaces ORDER BY id") == [
+        (ws, "ops@acme.example", None), (other, None, None)]
+    assert [(a[1], a[4]["fields"]) for a in _audit(world)] == [
+        ("workspace.update", ["owner_contact", "notify_webhook_url"]), ("workspace.update", ["notify_webhook_url"])]
+
+
 def test_cli_endpoint_verbs_share_the_apis_rules(db, world, write_config, capsys) -> None:
     ws = world.workspace("acme")
     config = str(write_config(db, http={"require_https": True, "allow_private_networks": False}))

@@ -40,6 +40,7 @@ from dispatcher.api.resources import (
     Replay,
     SecretRotate,
     Tokens,
+    WorkspaceSettings,
 )
 from dispatcher.config import Config
 from dispatcher.netguard import OutboundPolicy
@@ -60,6 +61,7 @@ ROUTES: tuple[tuple[str, type], ...] = (
     ("/v2/webhooks/endpoints/{endpoint_id}/breaker/close", BreakerClose),
     ("/v2/webhooks/endpoints/{endpoint_id}/secret/rotate", SecretRotate),
     ("/v2/webhooks/tokens", Tokens),
+    ("/v2/webhooks/workspace", WorkspaceSettings),
     ("/v2/webhooks/audit", AuditLog),
 )
 

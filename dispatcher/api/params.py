@@ -217,6 +217,27 @@ def _owner_contact(value: Any) -> str | None:
         raise bad_request(f"owner_contact: {exc}") from None
 
 
+_WORKSPACE_FIELDS = ("owner_contact", "notify_webhook_url")
+
+
+def workspace_fields(body: Any) -> dict[str, str]:
+    """The checked fields of a workspace PATCH: each given one as text, '' where null clears it."""
+    if not isinstance(body, dict) or not body:
+        raise bad_request('the body must be a JSON object with owner_contact and/or notify_webhook_url, '
+                          'e.g. {"owner_contact": "ops@example.com"}')
+    unknown = sorted(set(body) - set(_WORKSPACE_FIELDS))
+    if unknown:
+        raise bad_request(f"unknown field(s) {', '.join(repr(n[:40]) for n in unknown[:5])}; "
+                          f"this route takes {', '.join(_WORKSPACE_FIELDS)}")
+    fields: dict[str, str] = {}
+    if "owner_contact" in body:
+        fields["owner_contact"] = _owner_contact(body["owner_contact"]) or ""
+    if "notify_webhook_url" in body:
+        url = body["notify_webhook_url"]
+        fields["notify_webhook_url"] = "" if url is None else _text(url, "notify_webhook_url", MAX_URL_CHARS)
+    return fields
+
+
 def endpoint_fields(body: Any, creating: bool) -> dict[str, Any]:
     """The checked fields of an endpoint create (``url`` required) or PATCH (at least one field)."""
     if not isinstance(body, dict):

@@ -360,6 +360,35 @@ def token_json(row: dict[str, Any]) -> dict[str, Any]:
             "last_used_at": _ts(row["last_used_at"]), "revoked_at": _ts(row["revoked_at"])}
 
 
+def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool) -> dict[str, Any]:
+    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs."""
+    shown = notify_url if whole_url or notify_url is None else mask_url(notify_url)
+    return {"owner_contact": owner, "notify_webhook_url": shown, "url_masked": not whole_url}
+
+
+class WorkspaceSettings:
+    """GET and PATCH /v2/webhooks/workspace: the owner contact and the operational webhook URL."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        with session(self.ctx, req, auth.READ) as (conn, who):
+            params.only(req)
+            owner, notify_url = store.workspace_contacts(conn, who.workspace_id)
+        resp.media = workspace_json(owner, notify_url, auth.WRITE in who.scopes)
+
+    def on_patch(self, req: falcon.Request, resp: falcon.Response) -> None:
+        who = principal(self.ctx, req, auth.WRITE)
+        params.only(req)
+        body = params.workspace_fields(params.json_body(req, self.ctx.config.max_body_bytes))
+        _check_url(self.ctx, body.get("notify_webhook_url") or None)
+        with self.ctx.pool.connection() as conn:
+            owner, notify_url = store.set_workspace_contacts(
+                conn, who.workspace_id, body.get("owner_contact"), body.get("notify_webhook_url"), who.token_id)
+        resp.media = workspace_json(owner, notify_url, True)
+
+
 class Tokens:
     """GET /v2/webhooks/tokens: the workspace's own tokens, newest first."""
 

@@ -52,6 +52,9 @@ UPDATE workspaces
  WHERE id = %(id)s
 RETURNING id, owner_contact, notify_webhook_url;
 
+-- name: workspace_contacts
+SELECT owner_contact, notify_webhook_url FROM workspaces WHERE id = %(id)s;
+
 -- name: workspace_exists
 SELECT 1 FROM workspaces WHERE id = %(id)s;
 

@@ -202,15 +202,29 @@ def set_workspace_flags(conn: Connection, workspace_id: str, flags: Mapping[str,
 
 
 def set_workspace_contacts(conn: Connection, workspace_id: str, owner_contact: str | None,
-                           notify_url: str | None) -> tuple[str | None, str | None]:
+                           notify_url: str | None, token_id: int | None = None) -> tuple[str | None, str | None]:
     """Set the workspace's owner email and operational webhook URL: None leaves
-    one as it is, '' clears it.  Returns both as they now stand."""
+    one as it is, '' clears it.  Audited (``token_id`` None: an operator's CLI
+    command).  Returns both as they now stand."""
     with transaction(conn):
         rows = run_query(conn, "set_workspace_contacts",
                          {"id": workspace_id, "owner_contact": owner_contact, "notify_url": notify_url})
+        if rows:
+            changed = [name for name, value in (("owner_contact", owner_contact), ("notify_webhook_url", notify_url))
+                       if value is not None]
+            audit(conn, Audit(workspace_id, token_id, "workspace.update", detail={"fields": changed}))
     if not rows:
         raise NotFound(f"workspace {workspace_id!r} does not exist")
     return rows[0][1], rows[0][2]
+
+
+def workspace_contacts(conn: Connection, workspace_id: str) -> tuple[str | None, str | None]:
+    """The workspace's owner email and operational webhook URL (None: not set)."""
+    with transaction(conn):
+        rows = run_query(conn, "workspace_contacts", {"id": workspace_id})
+    if not rows:
+        raise NotFound(f"workspace {workspace_id!r} does not exist")
+    return rows[0][0], rows[0][1]
 
 
 def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) -> None:

@@ -39,7 +39,7 @@ CREATE TABLE api_audit (
     token_id     bigint,
     action       text NOT NULL CHECK (action IN ('delivery.replay', 'endpoint.recover', 'endpoint.create',
                                                  'endpoint.update', 'endpoint.delete', 'endpoint.breaker_close',
-                                                 'endpoint.secret_rotate')),
+                                                 'endpoint.secret_rotate', 'workspace.update')),
     endpoint_id  bigint,
     delivery_ids bigint[] NOT NULL DEFAULT '{}',
     detail       jsonb NOT NULL DEFAULT '{}'
