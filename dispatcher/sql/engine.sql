@@ -90,8 +90,11 @@ WITH RECURSIVE token AS (
          LIMIT lane.room
            FOR UPDATE SKIP LOCKED) d
      WHERE e.endpoint_id <> ALL (%(busy)s::bigint[])
-       AND NOT EXISTS (SELECT 1 FROM endpoint_state s
-                        WHERE s.endpoint_id = e.endpoint_id AND s.state <> 'closed')
+       -- A scalar subquery, evaluated per endpoint in walk order.  Written as
+       -- NOT EXISTS, Postgres 16 planned a hash right anti join that hashed
+       -- the whole walk first: every endpoint with pending rows visited, and
+       -- the batch taken in hash order instead of the cursor's.
+       AND coalesce((SELECT s.state FROM endpoint_state s WHERE s.endpoint_id = e.endpoint_id), 'closed') = 'closed'
      LIMIT %(limit)s
 ), rated AS (
     -- Rate-limited endpoints pay one token per row taken; under the lane lock,
