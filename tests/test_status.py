@@ -149,7 +149,10 @@ def test_check_is_unknown_without_a_database_and_never_a_traceback(write_config,
 
 def test_check_exit_codes_follow_nagios(db, write_config) -> None:
     """WARNING (1): workers alive, but no upkeep leader ran a round lately."""
-    config = write_config(db, **FAST)
+    # Ages of a minute: the CLI's start alone can take seconds on a loaded machine, and a
+    # heartbeat that aged past FAST's 2 s meanwhile made the fleet read as dead (CRITICAL).
+    config = write_config(db, workers=FAST["workers"],
+                          alerts={"check_interval": "200ms", "heartbeat_age": "60s", "leader_age": "60s"})
     kit.query(db.dsn, "INSERT INTO dispatcher_processes (owner, region, host, pid, started_at, leader_at) "
                   "VALUES ('h:1:w1', 'test', 'h', 1, now(), now() - interval '1 hour')")
     code, verdict = check(config)
