@@ -9,8 +9,8 @@ Two limits decide how many rows of one endpoint a claim may take:
   ``max(1, rate)`` tokens refilled at ``rate`` per second; every row claimed
   takes one.  A missing bucket is full.
 
-The claim applies this rule in SQL (``dispatcher_lane_room`` and
-``dispatcher_bucket_after``, migration 0006) under a per-endpoint transaction
+The claim applies this rule in SQL (``dispatcher_room`` and
+``dispatcher_bucket_after``, migration 0006, called by ``dispatcher_lane_free``, 0013) under a per-endpoint transaction
 lock, so concurrent claimers never both see the same free slots.  The functions
 here are the rule itself, pure, with the elapsed time as an argument;
 ``tests/test_limits_rule.py`` checks the SQL against them on one table of cases.

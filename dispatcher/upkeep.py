@@ -68,6 +68,7 @@ class Upkeep:
         self._check_backlog()
         self._publish_breakers()
         self._sweep_expired()
+        self._store.prune_lapsed_leases()
         self._prune()
 
     @property

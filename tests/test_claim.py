@@ -33,9 +33,13 @@ def test_claim_stamps_a_lease_and_commits_before_returning(db) -> None:
     rows = _store(db).claim("owner-a", 10, 4, [], 0, 30.0)
     assert len(rows) == 3 and len({r.claim_token for r in rows}) == 1
     # Visible from another session at once: the claim transaction has committed.
-    leased = query(db.dsn, "SELECT locked_by, next_attempt_at > now() + interval '25 seconds', "
-                           "locked_until IS NOT NULL FROM webhook_deliveries")
+    # The lease is in columns no index names (a HOT update, migration 0013): the due time stays, and
+    # the endpoint's lane ledger holds what the claim took.
+    leased = query(db.dsn, "SELECT locked_by, locked_until > now() + interval '25 seconds', "
+                           "next_attempt_at <= now() FROM webhook_deliveries")
     assert leased == [("owner-a", True, True)] * 3
+    assert query(db.dsn, "SELECT endpoint_id, claim_token, owner, leased, until > now() + interval '25 seconds' "
+                         "FROM endpoint_leases") == [(endpoint, rows[0].claim_token, "owner-a", 3, True)]
     assert _store(db).claim("owner-b", 10, 4, [], 0, 30.0) == [], "leased rows are not due"
     row = rows[0]
     assert (row.attempt, row.event_type, row.url, row.active, row.is_probe) == (1, "t", "http://127.0.0.1:9/a",
@@ -69,7 +73,9 @@ def test_stale_owner_is_fenced_out(db) -> None:
     _pending(db, endpoint, 1)
     store = _store(db)
     (stale,) = store.claim("stale", 1, 4, [], 0, 30.0)
-    query(db.dsn, "UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")  # lease lapsed
+    # The lease lapsed (as when its owner stalls): the row and its lane slot are free again.
+    query(db.dsn, "UPDATE webhook_deliveries SET locked_until = now() - interval '1 second'")
+    query(db.dsn, "UPDATE endpoint_leases SET until = now() - interval '1 second'")
     (fresh,) = store.claim("fresh", 1, 4, [], 0, 30.0)
     assert fresh.id == stale.id and fresh.claim_token != stale.claim_token
     assert store.record([_record(stale, "dead")]) == set(), "the stale worker's write is rejected"
@@ -87,8 +93,41 @@ def test_release_hands_rows_back_at_once(db) -> None:
     assert store.release_owner("nobody") == 0
     again = store.claim("w2", 10, 4, [], 0, 300.0)
     assert {r.id for r in rows} <= {r.id for r in again}
+    assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("w2", 4)], "w1's slots went back"
     assert store.release_owner("w2") == 4
     assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL") == [(0,)]
+    assert query(db.dsn, "SELECT count(*) FROM endpoint_leases") == [(0,)]
+
+
+def test_results_give_lane_slots_back_once(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 10)
+    store = _store(db)
+    first = store.claim("w1", 10, 4, [], 0, 30.0)
+    assert len(first) == 4
+    assert store.claim("w2", 10, 4, [], 0, 30.0) == [], "the lane is full region-wide while rows are due"
+    retry = AttemptRecord(first[0].id, first[0].claim_token, endpoint, "pending", 1, 0.0, "HTTP 500", 500,
+                          "http_5xx", time.monotonic(), 5, None)
+    assert store.record([retry, _record(first[1])]) == {first[0].id, first[1].id}
+    # The same batch again (say, its commit was acknowledged too late): fenced, and no slot goes back twice.
+    assert store.record([retry, _record(first[1])]) == set()
+    assert query(db.dsn, "SELECT leased FROM endpoint_leases") == [(2,)]
+    assert len(store.claim("w2", 10, 4, [], 0, 30.0)) == 2
+    assert store.record([_record(r) for r in first[2:]]) == {r.id for r in first[2:]}
+    assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("w2", 2)], "an emptied entry is deleted"
+
+
+def test_upkeep_deletes_lapsed_lane_entries(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 8)
+    store = _store(db)
+    stalled = store.claim("stalled", 4, 4, [], 0, 30.0)
+    query(db.dsn, "UPDATE endpoint_leases SET until = now() - interval '1 second'")
+    query(db.dsn, "UPDATE webhook_deliveries SET locked_until = now() - interval '1 second'")
+    live = store.claim("live", 4, 4, [], 0, 30.0)
+    assert len(stalled) == len(live) == 4
+    assert store.prune_lapsed_leases() == 1
+    assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("live", 4)]
 
 
 def test_open_breaker_rows_are_skipped_and_exactly_one_probe_is_claimed(db) -> None:
@@ -146,3 +185,13 @@ def test_a_fanned_out_event_crosses_the_wire_once_per_claim(db) -> None:
     assert len({id(r.payload) for r in big}) == 1, "one string shared by every row of the event"
     (gone,) = [r for r in rows if r.event_id == "gone"]
     assert gone.payload is None and gone.event_type is None, "a missing event still reads as missing"
+
+
+def test_a_dispatcher_older_than_the_lease_ledger_claims_nothing(db) -> None:
+    """An older dispatcher still running while 0013 is applied would read rows leased the new way (due time
+    unchanged) as due and send them again outside the region-wide limit; its claim asks
+    dispatcher_lane_room for room, and gets none (docs/operations.md, Upgrading)."""
+    endpoints = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
+    assert query(db.dsn, "SELECT dispatcher_lane_room(%s, 4, NULL), dispatcher_lane_room(%s, 4, 10.0)",
+                 tuple(endpoints)) == [(0, 0)]
+    assert query(db.dsn, "SELECT dispatcher_lane_free(%s, 4, NULL)", (endpoints[0],)) == [(4,)]

@@ -64,16 +64,27 @@ def test_the_sql_functions_agree(db, case: Case) -> None:
     assert after == pytest.approx(case.after) if case.after is not None else after is None
 
 
+def _lease(db, endpoint: int, count: int, ends_in: str) -> None:  # type: ignore[no-untyped-def]
+    """``count`` due rows leased by another process as the claim leases them (migration 0013): the lease in
+    the row's unindexed columns, and the count in the endpoint's lane ledger."""
+    if not count:
+        return
+    (token,), = query(db.dsn, "SELECT nextval('webhook_claim_tokens')")
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
+                  "locked_until, locked_by, claim_token) "
+                  "SELECT 'ws', %s, 'ev', 'h', now() + %s::interval, 'other', %s FROM generate_series(1, %s)",
+          (endpoint, ends_in, token, count))
+    query(db.dsn, "INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until) "
+                  "VALUES (%s, %s, 'other', %s, now() + %s::interval)", (endpoint, token, count, ends_in))
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_the_claim_agrees(db, case: Case) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     query(db.dsn, "UPDATE webhook_endpoints SET max_per_second = %s WHERE id = %s", (case.rate, endpoint))
     query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
-    # Leased rows held by another process (not due: their lease ends in 30 s), then due rows.
-    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
-                  "next_attempt_at, locked_until, locked_by, claim_token) "
-                  "SELECT 'ws', %s, 'ev', 'h', now() + interval '30 s', now() + interval '30 s', 'other', 1 "
-                  "FROM generate_series(1, %s)", (endpoint, case.in_flight))
+    # Rows leased by another process (due by time, but their lease ends in 30 s), then due rows.
+    _lease(db, endpoint, case.in_flight, "30 s")
     query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
                   "SELECT 'ws', %s, 'ev', 'h' FROM generate_series(1, 10)", (endpoint,))
     if case.stored is not None:
@@ -95,9 +106,6 @@ def test_a_lapsed_lease_does_not_hold_a_slot(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
     # A crashed owner's rows: token still set, lease over, due again.
-    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
-                  "next_attempt_at, locked_until, locked_by, claim_token) "
-                  "SELECT 'ws', %s, 'ev', 'h', now() - interval '1 s', now() - interval '1 s', 'dead', 1 "
-                  "FROM generate_series(1, 4)", (endpoint,))
+    _lease(db, endpoint, 4, "-1 s")
     rows = EngineStore(ManagedConnection(db.dsn, "test")).claim("w", 200, 4, [], 0, 30.0)
     assert len(rows) == 4

@@ -176,8 +176,8 @@ INDEXES = {
     ("events", ("workspace_id", "sequence"), None, True),
     # 0007: the region-wide replay budget reads the last hour of the ledger.
     ("api_replay_ledger", ("at",), None, False),
-    # The claim counts an endpoint's leased rows through it (0006, region-wide concurrency).
-    ("webhook_deliveries", ("endpoint_id",), "(claim_token IS NOT NULL)", False),
+    # 0013: the region-wide lane ledger, read by (endpoint, claim).
+    ("endpoint_leases", ("endpoint_id", "claim_token"), None, True),
     # 0011: at most one operational endpoint per workspace; due notices.
     ("webhook_endpoints", ("workspace_id",), "(purpose = 'operational'::text)", True),
     ("breaker_notices", ("next_attempt_at",), "(sent_at IS NULL)", False),

@@ -337,7 +337,8 @@ def test_rotation_returns_the_new_secret_once_and_both_sign_during_the_grace(wor
     assert first.startswith("whsec_") and len(secret_key(first)) == 32
     (row,) = _claim(db, grace=3600.0)
     assert (row.secret, row.previous_secret) == (first, WS_SECRET), "the workspace secret signs during the grace"
-    world.sql("UPDATE webhook_deliveries SET next_attempt_at = now(), claim_token = NULL")
+    world.sql("UPDATE webhook_deliveries SET locked_until = NULL, claim_token = NULL")  # claimable again
+    world.sql("DELETE FROM endpoint_leases")
     (row,) = _claim(db, grace=0.001)
     assert (row.secret, row.previous_secret) == (first, None), "after the grace only the new one"
     second = client.simulate_post(f"/v2/webhooks/endpoints/{endpoint}/secret/rotate", headers=bearer(token)).json

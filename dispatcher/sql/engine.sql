@@ -13,8 +13,11 @@
 --     and take from each only what keeps its leased rows, across the region,
 --     within per_endpoint (and its rate limit): no endpoint can fill a batch,
 --     and every endpoint is visited in turn.
---  3. stamp the lease: next_attempt_at moves to the lease end, so a crashed
---     owner's rows come due again by themselves; claim_token fences results.
+--  3. stamp the lease in columns no index names (locked_until, locked_by,
+--     claim_token: a HOT update, migration 0013), and add what each endpoint
+--     now leases to endpoint_leases; the due scans skip rows whose lease is
+--     ahead, so a crashed owner's rows come due again when it lapses;
+--     claim_token fences results.
 -- It is planned on every execution (store/engine.py: force_custom_plan):
 -- a plan kept from when the table looked empty probed each endpoint through
 -- webhook_deliveries_pending_age, filtering every due row (docs/benchmarks.md).
@@ -30,7 +33,8 @@ WITH RECURSIVE token AS (
                AND o.endpoint_id <> ALL (%(busy)s::bigint[])
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
-                              AND d.next_attempt_at <= now())
+                              AND d.next_attempt_at <= now()
+                              AND (d.locked_until IS NULL OR d.locked_until <= now()))
              ORDER BY o.open_until
              LIMIT 16
                FOR UPDATE SKIP LOCKED)
@@ -39,6 +43,7 @@ WITH RECURSIVE token AS (
     SELECT d.id FROM probe_ids p CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = p.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
+           AND (d.locked_until IS NULL OR d.locked_until <= now())
          ORDER BY d.next_attempt_at
          LIMIT 1
            FOR UPDATE SKIP LOCKED) d
@@ -64,7 +69,7 @@ WITH RECURSIVE token AS (
     -- Per endpoint, in this order (each LATERAL uses the one before; OFFSET 0
     -- keeps them apart): take the endpoint's lane lock for this transaction, or
     -- skip the endpoint if another claimer holds it; count its room under the
-    -- region-wide limits (dispatcher_lane_room, migration 0006: a fresh snapshot,
+    -- region-wide limits (dispatcher_lane_free, migration 0013: a fresh snapshot,
     -- so it sees what the previous holder of the lock committed); take that many
     -- due rows.  The lock is released when this statement commits, by which time
     -- our leases are visible to the next holder.  Keys (0x0E14, id mod 2^31 - 1):
@@ -79,13 +84,16 @@ WITH RECURSIVE token AS (
                                     AS max_per_second
                           OFFSET 0) lock
      CROSS JOIN LATERAL (SELECT CASE WHEN lock.held
-                                     THEN dispatcher_lane_room(e.endpoint_id, %(per_endpoint)s, lock.max_per_second)
+                                     THEN dispatcher_lane_free(e.endpoint_id, %(per_endpoint)s, lock.max_per_second)
                                      ELSE 0 END AS room,
                                 lock.max_per_second
                           OFFSET 0) lane
      CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = e.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
+           -- a leased row keeps its due time: at most the endpoint's lane
+           -- (4) of them are read and passed over here
+           AND (d.locked_until IS NULL OR d.locked_until <= now())
          ORDER BY d.next_attempt_at
          LIMIT lane.room
            FOR UPDATE SKIP LOCKED) d
@@ -111,13 +119,19 @@ WITH RECURSIVE token AS (
            refilled_at = now(), last_taken = excluded.last_taken
 ), claimed AS (
     UPDATE webhook_deliveries w
-       SET next_attempt_at = now() + make_interval(secs => %(lease)s),
-           locked_until = now() + make_interval(secs => %(lease)s),
+       SET locked_until = now() + make_interval(secs => %(lease)s),
            locked_by = %(owner)s,
            claim_token = token.value
       FROM (SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates) c, token
      WHERE w.id = c.id
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token
+), leases AS (
+    -- What this claim holds of each endpoint's lane, until the results give
+    -- it back (engine_record, engine_release) or the lease lapses.
+    INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until)
+    SELECT endpoint_id, claim_token, %(owner)s, count(*), now() + make_interval(secs => %(lease)s)
+      FROM claimed
+     GROUP BY endpoint_id, claim_token
 )
 -- The event, endpoint and workspace of each claimed row are fetched by
 -- primary key (an event's is (workspace_id, id): ids are unique per
@@ -184,7 +198,17 @@ WITH results AS (
            locked_by = NULL, locked_until = NULL, claim_token = NULL
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
-    RETURNING w.id
+    RETURNING w.id, w.endpoint_id, r.token
+), lanes AS (
+    -- The lane slots of the rows written here go back (only rows this
+    -- statement wrote: the same batch written twice gives nothing back twice).
+    SELECT endpoint_id, token, count(*) AS done FROM updated GROUP BY endpoint_id, token
+), lanes_emptied AS (
+    DELETE FROM endpoint_leases l USING lanes x
+     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
+), lanes_left AS (
+    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
+     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done
 ), history AS (
     INSERT INTO webhook_delivery_attempts
            (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, status_code, error,
@@ -249,22 +273,36 @@ UPDATE endpoint_state s
 RETURNING s.endpoint_id;
 
 -- name: engine_release
--- Hand unsent claimed rows back at once (graceful shutdown), fenced.
-UPDATE webhook_deliveries w
-   SET next_attempt_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
- WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
-RETURNING w.id;
+-- Hand unsent claimed rows back at once (graceful shutdown), fenced, with
+-- their lane slots (as engine_record gives them back).
+WITH released AS (
+    UPDATE webhook_deliveries w
+       SET locked_by = NULL, locked_until = NULL, claim_token = NULL
+      FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+     WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
+    RETURNING w.id, w.endpoint_id, r.token
+), lanes AS (
+    SELECT endpoint_id, token, count(*) AS done FROM released GROUP BY endpoint_id, token
+), lanes_emptied AS (
+    DELETE FROM endpoint_leases l USING lanes x
+     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
+), lanes_left AS (
+    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
+     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done
+)
+SELECT id FROM released;
 
 -- name: engine_release_owner
--- The supervisor hands back every row a dead worker had claimed, and its
--- upkeep lease, so another process takes the region over at its next round
+-- The supervisor hands back every row a dead worker had claimed, their lane
+-- slots, and its upkeep lease, so another process takes the region over at its next round
 -- instead of when the lease lapses.
 WITH leader AS (
     DELETE FROM region_leader WHERE owner = %(owner)s
+), lanes AS (
+    DELETE FROM endpoint_leases WHERE owner = %(owner)s
 )
 UPDATE webhook_deliveries
-   SET next_attempt_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL
+   SET locked_by = NULL, locked_until = NULL, claim_token = NULL
  WHERE status = 'pending' AND locked_by = %(owner)s
 RETURNING id;
 
@@ -287,15 +325,18 @@ RETURNING l.owner;
 -- an open or half-open breaker wait by design (a customer's maintenance
 -- window) and are reported apart, as held_rows.  Bounded: the count stops at
 -- threshold + 1, and the oldest due row comes from the pending index.
+-- A leased row keeps its due time (0013): in flight is not overdue.
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM webhook_deliveries d
              WHERE d.status = 'pending' AND d.next_attempt_at <= now() - make_interval(secs => %(row_age)s)
+               AND (d.locked_until IS NULL OR d.locked_until <= now())
                AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                                 WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
              LIMIT %(threshold)s + 1) old) AS overdue_rows,
        (SELECT extract(epoch FROM now() - d.next_attempt_at)::float8
           FROM webhook_deliveries d
          WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+           AND (d.locked_until IS NULL OR d.locked_until <= now())
            AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                             WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
          ORDER BY d.next_attempt_at
@@ -303,6 +344,7 @@ SELECT (SELECT count(*) FROM (
        (SELECT count(*) FROM endpoint_state s
           JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id
                                    AND d.status = 'pending' AND d.next_attempt_at <= now()
+                                   AND (d.locked_until IS NULL OR d.locked_until <= now())
          WHERE s.state <> 'closed') AS held_rows,
        (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
 
@@ -333,6 +375,11 @@ UPDATE webhook_deliveries
  WHERE id = ANY (%(ids)s::bigint[]) AND status = 'pending'
    AND (locked_until IS NULL OR locked_until < now())
 RETURNING id;
+
+-- name: engine_prune_leases
+-- Lane entries whose lease lapsed count for nothing (dispatcher_lane_free);
+-- the upkeep leader deletes them so the ledger stays as small as what is in flight.
+DELETE FROM endpoint_leases WHERE until < now();
 
 -- name: engine_prune_deliveries
 -- Batched, so one run never holds many row locks or writes a burst of WAL;

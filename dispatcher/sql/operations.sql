@@ -56,19 +56,22 @@ SELECT owner, host, pid, started_at, heartbeat_at, in_flight,
 -- name: operations_pending
 -- Pending rows: total, scheduled (not yet due), and due rows by how long
 -- they have been overdue; bands end at the RFC's 5 and 15 minute thresholds.
+-- A row in flight (its lease ahead; it keeps its due time, 0013) counts as
+-- scheduled, not due.
 SELECT count(*) AS total,
-       count(*) FILTER (WHERE next_attempt_at > now()) AS scheduled,
-       count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
-       count(*) FILTER (WHERE next_attempt_at <= now() AND next_attempt_at > now() - interval '1 minute')
-           AS overdue_under_1m,
-       count(*) FILTER (WHERE next_attempt_at <= now() - interval '1 minute'
+       count(*) FILTER (WHERE NOT due) AS scheduled,
+       count(*) FILTER (WHERE due) AS due,
+       count(*) FILTER (WHERE due AND next_attempt_at > now() - interval '1 minute') AS overdue_under_1m,
+       count(*) FILTER (WHERE due AND next_attempt_at <= now() - interval '1 minute'
                           AND next_attempt_at > now() - interval '5 minutes') AS overdue_1m_5m,
-       count(*) FILTER (WHERE next_attempt_at <= now() - interval '5 minutes'
+       count(*) FILTER (WHERE due AND next_attempt_at <= now() - interval '5 minutes'
                           AND next_attempt_at > now() - interval '15 minutes') AS overdue_5m_15m,
-       count(*) FILTER (WHERE next_attempt_at <= now() - interval '15 minutes') AS overdue_over_15m,
+       count(*) FILTER (WHERE due AND next_attempt_at <= now() - interval '15 minutes') AS overdue_over_15m,
        now() AS db_now
-  FROM webhook_deliveries
- WHERE status = 'pending';
+  FROM (SELECT next_attempt_at,
+               next_attempt_at <= now() AND (locked_until IS NULL OR locked_until <= now()) AS due
+          FROM webhook_deliveries
+         WHERE status = 'pending') p;
 
 -- name: operations_oldest_due
 -- The oldest due row of a closed-breaker endpoint: the one the backlog rule judges.
@@ -76,6 +79,7 @@ SELECT d.id, d.workspace_id, d.endpoint_id, d.event_id, d.attempt, d.created_at,
        extract(epoch FROM now() - d.next_attempt_at)::float8 AS overdue_seconds, d.last_error
   FROM webhook_deliveries d
  WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+   AND (d.locked_until IS NULL OR d.locked_until <= now())
    AND NOT EXISTS (SELECT 1 FROM endpoint_state s WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
  ORDER BY d.next_attempt_at
  LIMIT 1;

@@ -402,6 +402,12 @@ class EngineStore:
             cur.execute(QUERIES["engine_expired_candidates"], {"min_ceiling": min_ceiling, "limit": limit})
             return [(int(r["id"]), str(r["event_type"]), float(r["age"])) for r in _named(cur)]
 
+    def prune_lapsed_leases(self) -> int:
+        """Delete lane entries whose lease lapsed (they already count for nothing)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_prune_leases"])
+            return int(cur.rowcount)
+
     def prune_deliveries(self, statuses: Sequence[str], older_than: float, batch: int) -> int:
         """Delete up to ``batch`` finished rows created more than ``older_than`` seconds ago."""
         with self._conn.statement() as cur:
