@@ -195,3 +195,24 @@ def test_a_dispatcher_older_than_the_lease_ledger_claims_nothing(db) -> None:
     assert query(db.dsn, "SELECT dispatcher_lane_room(%s, 4, NULL), dispatcher_lane_room(%s, 4, 10.0)",
                  tuple(endpoints)) == [(0, 0)]
     assert query(db.dsn, "SELECT dispatcher_lane_free(%s, 4, NULL)", (endpoints[0],)) == [(4,)]
+
+
+def test_the_claim_is_planned_each_time_and_the_result_write_keeps_its_plan(db) -> None:
+    """The claim's best plan depends on how big the outbox is, so it is made on every execution; the result
+    write reaches rows by key and keeps a generic plan (store/engine.py KEPT_PLANS)."""
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 40)
+    conn = ManagedConnection(db.dsn, "test")
+    store = EngineStore(conn)
+    for _ in range(10):
+        rows = store.claim("w", 4, 4, [], 0, 30.0)
+        assert store.record([_record(r) for r in rows]) == {r.id for r in rows}
+    with conn.statement() as cur:
+        cur.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements ORDER BY name")
+        plans = {name: (generic, custom) for name, generic, custom in cur.fetchall()}
+        cur.execute("SHOW plan_cache_mode")
+        (mode,), = cur.fetchall()
+    assert plans["engine_claim"] == (0, 10)
+    assert plans["engine_record"][0] >= 5, plans
+    assert mode == "auto", "the last statement's mode stays until the next one needs the other"
+    conn.close()

@@ -50,6 +50,16 @@ class _Plan:
     execute: str   # EXECUTE <name> (%(first)s, %(second)s, ...)
 
 
+# Statements whose best plan does not depend on how big the outbox looked when
+# the plan was made: each reaches every table through a key, from rows in its
+# own parameters.  They keep a plan per connection (plan_cache_mode auto:
+# generic once it costs no more than a custom one), re-made when ANALYZE
+# changes the statistics.  The claim's plan does depend on it (the class
+# docstring), so it is made on every execution.
+KEPT_PLANS = frozenset({"engine_record", "engine_breaker_touch"})
+CLAIM_PLAN_MODE = "force_custom_plan"
+
+
 @functools.cache
 def _plan(name: str) -> _Plan:
     """Query ``name`` as a server-side prepared statement: each distinct
@@ -79,9 +89,9 @@ class ManagedConnection:
 
     The hot statements (claim, record, breaker touch) run as server-side
     prepared statements (:meth:`prepared`), so Postgres skips parsing and
-    rewriting them; they are prepared again on each new connection.  They are
-    still planned on every execution (``plan_cache_mode =
-    force_custom_plan``): a generic plan is made once, from the statistics of
+    rewriting them; they are prepared again on each new connection.  The
+    claim is still planned on every execution (``plan_cache_mode =
+    force_custom_plan``; the others keep theirs: ``KEPT_PLANS``): a generic plan is made once, from the statistics of
     that moment, and kept.  Made while the outbox looked empty (a fresh table
     that autovacuum has not analysed yet) it probed every endpoint through
     webhook_deliveries_pending_age, filtering all due rows on each probe: claims
@@ -106,6 +116,7 @@ class ManagedConnection:
         self._use_prepared = prepared_statements
         self._conn: Connection | None = None
         self._prepared: set[str] = set()
+        self._plan_mode: str | None = None  # the session's plan_cache_mode; None: not known
 
     def _deadline(self) -> AbstractContextManager[Any]:
         return nullcontext() if self._bound is None else self._bound(self._statement_deadline)
@@ -127,12 +138,13 @@ class ManagedConnection:
             if self._use_prepared:
                 try:
                     with conn.cursor() as cur:
-                        cur.execute("SET plan_cache_mode = force_custom_plan")
+                        cur.execute(f"SET plan_cache_mode = {CLAIM_PLAN_MODE}")
                 except psycopg2.Error as exc:
                     conn.close()
                     raise translate(exc) from None
             self._conn = conn
             self._prepared = set()
+            self._plan_mode = CLAIM_PLAN_MODE
         return self._conn
 
     def prepared(self, cur: Any, name: str) -> str:
@@ -149,7 +161,13 @@ class ManagedConnection:
         if name not in self._prepared:
             cur.execute(plan.prepare)
             self._prepared.add(name)
-        return plan.execute
+        # The session's plan_cache_mode is read at each EXECUTE; switched only
+        # when the statement wants the other one, in the same round trip.
+        mode = "auto" if name in KEPT_PLANS else CLAIM_PLAN_MODE
+        if mode == self._plan_mode:
+            return plan.execute
+        self._plan_mode = mode
+        return f"SET plan_cache_mode = {mode}; {plan.execute}"
 
     @contextmanager
     def statement(self) -> Iterator[Any]:
@@ -189,6 +207,8 @@ class ManagedConnection:
         (autocommit, or rolled back by the caller), and the caller must still
         be told: an unexpected error class must never end a worker loop."""
         error = translate(exc)
+        # A failed query string rolls back a SET sent with it: the mode is unknown, set again next time.
+        self._plan_mode = None
         if isinstance(error, DatabaseUnavailable):
             self.close()
         raise error from None
