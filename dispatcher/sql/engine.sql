@@ -132,46 +132,56 @@ WITH RECURSIVE token AS (
     SELECT endpoint_id, claim_token, %(owner)s, count(*), now() + make_interval(secs => %(lease)s)
       FROM claimed
      GROUP BY endpoint_id, claim_token
+), claimed_events AS MATERIALIZED (
+    -- The event, endpoint and workspace of the claimed rows are fetched by
+    -- primary key (an event's is (workspace_id, id): ids are unique per
+    -- workspace, migration 0009), once per distinct key of the claim (an
+    -- event fanned out to ten endpoints is one lookup, a workspace's fifty
+    -- rows one), each a NULL when the row is gone, as a LEFT JOIN would give.
+    -- Written as joins to the tables, the planner would hash-join the whole
+    -- events table whenever its statistics say it is small -- a fresh or newly
+    -- analysed table, or a cached generic plan -- and every claim then paid a
+    -- scan of the events table (seen in the isolation benchmark: 12 ms per
+    -- claim at 30k events).  MATERIALIZED keeps each lookup to one call per
+    -- key; the joins below are between these small sets only.
+    SELECT k.workspace_id, k.event_id,
+           (SELECT ev FROM events ev WHERE ev.workspace_id = k.workspace_id AND ev.id = k.event_id) AS ev
+      FROM (SELECT DISTINCT workspace_id, event_id FROM claimed) k
+), claimed_workspaces AS MATERIALIZED (
+    SELECT k.workspace_id, (SELECT ws FROM workspaces ws WHERE ws.id = k.workspace_id) AS ws
+      FROM (SELECT DISTINCT workspace_id FROM claimed) k
+), claimed_endpoints AS MATERIALIZED (
+    -- The endpoint's own secrets once it has them, else its workspace's
+    -- (dispatcher_signing_secrets, migration 0010).
+    SELECT e.endpoint_id, e.workspace_id, (e.ep).url, (e.ep).active, (w.ws).id AS ws_id,
+           dispatcher_signing_secrets((e.ep).secret, (e.ep).previous_secret, (e.ep).secret_rotated_at,
+                                      (w.ws).secret, (w.ws).previous_secret, (w.ws).secret_rotated_at,
+                                      %(grace)s::float8) AS signing
+      FROM (SELECT k.endpoint_id, k.workspace_id,
+                   (SELECT ep FROM webhook_endpoints ep WHERE ep.id = k.endpoint_id) AS ep
+              FROM (SELECT DISTINCT endpoint_id, workspace_id FROM claimed) k
+            OFFSET 0) e
+      JOIN claimed_workspaces w ON w.workspace_id = e.workspace_id
 )
--- The event, endpoint and workspace of each claimed row are fetched by
--- primary key (an event's is (workspace_id, id): ids are unique per
--- workspace, migration 0009), one lookup per row (a NULL when the row is gone, as a LEFT
--- JOIN would give).  Written as joins, the planner would hash-join the whole
--- events table whenever its statistics say it is small -- a fresh or newly
--- analysed table, or a cached generic plan -- and every claim then paid a
--- scan of the events table (seen in the isolation benchmark: 12 ms per claim
--- at 30k events).  OFFSET 0 keeps the lookups from being inlined once per
--- column that uses them.
 SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt, c.mode,
        extract(epoch FROM now() - c.created_at)::float8 AS age,
        extract(epoch FROM now())::float8 AS db_now,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
-       (c.ev).type AS event_type, (c.ev).sequence,
-       to_char((c.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
+       (v.ev).type AS event_type, (v.ev).sequence,
+       to_char((v.ev).occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') AS occurred_at,
        -- An event fanned out to several endpoints is claimed as several rows:
        -- its payload is rendered and sent once per claim, on the first of them
        -- (an event is its workspace and id: the same id in two workspaces is two events)
        -- (store/engine.py hands the same string to the others).  event_type
        -- still tells a missing event (NULL) from a shared payload.
-       CASE WHEN c.nth = 1 THEN (c.ev).payload::text END AS payload,
-       (c.ep).url, (c.ep).active,
-       -- The endpoint's own secrets once it has them, else its workspace's
-       -- (dispatcher_signing_secrets, migration 0010).
-       (c.signing)[1] AS secret, (c.signing)[2] AS previous_secret,
-       (c.ws).id AS workspace_id
-  FROM (SELECT c0.*,
-               dispatcher_signing_secrets((c0.ep).secret, (c0.ep).previous_secret, (c0.ep).secret_rotated_at,
-                                          (c0.ws).secret, (c0.ws).previous_secret, (c0.ws).secret_rotated_at,
-                                          %(grace)s::float8) AS signing
-          FROM (SELECT claimed.*,
-                       row_number() OVER (PARTITION BY claimed.workspace_id, claimed.event_id) AS nth,
-                       (SELECT ev FROM events ev
-                         WHERE ev.workspace_id = claimed.workspace_id AND ev.id = claimed.event_id) AS ev,
-                       (SELECT ep FROM webhook_endpoints ep WHERE ep.id = claimed.endpoint_id) AS ep,
-                       (SELECT ws FROM workspaces ws WHERE ws.id = claimed.workspace_id) AS ws
-                  FROM claimed
-                OFFSET 0) c0
-        OFFSET 0) c;
+       CASE WHEN row_number() OVER (PARTITION BY c.workspace_id, c.event_id) = 1
+            THEN (v.ev).payload::text END AS payload,
+       p.url, p.active,
+       p.signing[1] AS secret, p.signing[2] AS previous_secret,
+       p.ws_id AS workspace_id
+  FROM claimed c
+  JOIN claimed_events v ON v.workspace_id = c.workspace_id AND v.event_id = c.event_id
+  JOIN claimed_endpoints p ON p.endpoint_id = c.endpoint_id AND p.workspace_id = c.workspace_id;
 
 -- name: engine_record
 -- One statement per flush: every result of the batch, fenced by its claim
