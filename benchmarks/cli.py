@@ -28,7 +28,8 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
                  context: dict[str, Any] | None = None, max_per_second: float | None = None,
-                 duration: float | None = None, max_in_flight: int | None = None) -> dict[str, Any]:
+                 duration: float | None = None, max_in_flight: int | None = None,
+                 receiver: str = "mock") -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
@@ -41,6 +42,7 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
     if name == "throughput":
         kwargs["ceiling"] = context.get("ceiling")
         kwargs["max_per_second"] = max_per_second
+        kwargs["receiver"] = receiver
     if name == "isolation":
         kwargs["baseline"] = context.get("sustained_healthy_p99_ms")
         kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
@@ -119,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "$BENCH_INTERNET_SECONDS, else 300)")
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="internet: the workers' max_in_flight (default: the config default)")
+    parser.add_argument("--receiver", choices=("mock", "nginx"), default="mock",
+                        help="throughput: the receiver (mock: verifies signatures; nginx: Debian's nginx answering "
+                             "204)")
     args = parser.parse_args(argv)
     if args.max_in_flight is not None and args.max_in_flight < 1:
         parser.error("--max-in-flight must be a positive number")
@@ -132,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
                               max_per_second=args.max_per_second, duration=args.duration,
-                              max_in_flight=args.max_in_flight)
+                              max_in_flight=args.max_in_flight, receiver=args.receiver)
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)
