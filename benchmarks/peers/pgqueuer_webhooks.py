@@ -54,10 +54,12 @@ BODY_FIELDS = ("id", "type", "workspace_id", "sequence", "occurred_at", "data")
 
 # Defaults: the best of the settings tried on the 2-core machine (docs/benchmarks.md, "peer"):
 # PgQueuer's own defaults (batch 10, no task cap) cost 3x the CPU per job, almost all of it
-# Postgres running the dequeue; larger batches cost less until about 200; a second PgQueuer per
-# process or an unbounded aiohttp pool (a connection per task in flight) cost more.
-BATCH_SIZE = 200
-MAX_CONCURRENT_TASKS = 800
+# Postgres running the dequeue.  Larger batches cost less: at 30,000 jobs up to about 200, at
+# W1's 100,000 up to 500 (Postgres' CPU per job grows with the backlog, so fewer dequeues
+# matter more; why it grows was not looked into); 1,000 was no cheaper.  A second PgQueuer per
+# process, no task cap, or an unbounded aiohttp pool (a connection per task in flight) cost more.
+BATCH_SIZE = 500
+MAX_CONCURRENT_TASKS = 1000
 QUEUERS = 1
 CONNECTIONS = 100
 
