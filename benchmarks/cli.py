@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.harness import load_average, machine
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
-                               "tls", "failover", "internet", "scaleout")
+                               "tls", "failover", "internet", "scaleout", "peer")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -28,11 +28,12 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
                  context: dict[str, Any] | None = None, max_per_second: float | None = None,
-                 duration: float | None = None, max_in_flight: int | None = None) -> dict[str, Any]:
+                 duration: float | None = None, max_in_flight: int | None = None, receiver: str = "mock",
+                 rounds: int = 1) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
-    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout"):
+    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout", "peer"):
         kwargs["client"] = client
         kwargs["processes"] = processes
     if name == "internet":
@@ -41,6 +42,9 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
     if name == "throughput":
         kwargs["ceiling"] = context.get("ceiling")
         kwargs["max_per_second"] = max_per_second
+        kwargs["receiver"] = receiver
+    if name == "peer":
+        kwargs["rounds"] = rounds
     if name == "isolation":
         kwargs["baseline"] = context.get("sustained_healthy_p99_ms")
         kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
@@ -119,9 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "$BENCH_INTERNET_SECONDS, else 300)")
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="internet: the workers' max_in_flight (default: the config default)")
+    parser.add_argument("--receiver", choices=("mock", "nginx"), default="mock",
+                        help="throughput: the receiver (mock: verifies signatures; nginx: Debian's nginx answering "
+                             "204, as the peer scenario uses)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="peer: how many times to run the order peer, ours, ours, peer (default: 1)")
     args = parser.parse_args(argv)
     if args.max_in_flight is not None and args.max_in_flight < 1:
         parser.error("--max-in-flight must be a positive number")
+    if args.rounds < 1:
+        parser.error("--rounds must be a positive number")
     if args.duration is not None and args.duration <= 0:
         parser.error("--duration must be a positive number of seconds")
     names = args.scenario or list(SCENARIOS)
@@ -132,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
                               max_per_second=args.max_per_second, duration=args.duration,
-                              max_in_flight=args.max_in_flight)
+                              max_in_flight=args.max_in_flight, receiver=args.receiver, rounds=args.rounds)
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)

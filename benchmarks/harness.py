@@ -23,6 +23,7 @@ import psutil
 import psycopg2
 import psycopg2.extensions
 
+from benchmarks.nginx import NginxReceiver
 from dispatcher_devtools.kit import (
     SECRET,
     Database,
@@ -318,8 +319,9 @@ class CpuMeter:
 class PostgresProcesses:
     """Postgres processes that work for one database, by role.
 
-    * ``dispatcher``: backends whose application_name starts with
-      "dispatcher" (workers' claim/record/upkeep connections, the supervisor);
+    * ``dispatcher``: backends whose application_name starts with one of
+      ``sender_apps`` ("dispatcher": workers' claim/record/upkeep connections,
+      the supervisor; a peer's workers under their own name);
     * ``producer``: the benchmark's producer connections;
     * ``harness``: the benchmark's own sampling and seeding connections;
     * ``server``: the server's shared helpers (WAL writer, checkpointer,
@@ -333,8 +335,9 @@ class PostgresProcesses:
     _SHARED = ("walwriter", "checkpointer", "background writer", "autovacuum launcher",
                "logical replication launcher")
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str, sender_apps: tuple[str, ...] = ("dispatcher",)) -> None:
         self._database = database
+        self._sender_apps = sender_apps
         self._conn: psycopg2.extensions.connection | None = None
         self._roles: dict[int, str] = {}
         self._read_at = 0.0
@@ -353,7 +356,7 @@ class PostgresProcesses:
             if datname == self._database:
                 if kind == "client backend":
                     app = app or ""
-                    roles[pid] = ("dispatcher" if app.startswith("dispatcher") else
+                    roles[pid] = ("dispatcher" if app.startswith(self._sender_apps) else
                                   "producer" if app == "benchmark producer" else "harness")
                 else:
                     roles[pid] = "server"  # autovacuum worker on this database
@@ -496,12 +499,12 @@ def workdir(label: str) -> Iterator[Path]:
 @dataclass
 class EngineSetup:
     """What an engine scenario runs against: its database, work directory,
-    statsd sink, verifying receiver and the database's Postgres processes."""
+    statsd sink, receiver (the verifying mock, or nginx) and the database's Postgres processes."""
 
     db: Database
     tmp: Path
     statsd: StatsdSink
-    receiver: ReceiverProcess
+    receiver: ReceiverProcess | NginxReceiver
     pg: PostgresProcesses
 
     ca_file: Path | None = None  # the CA of a TLS receiver's certificate, when it serves https
@@ -526,16 +529,28 @@ class EngineSetup:
                          "receiver": lambda: process_tree(receiver.pid), **extra}).start()
 
 
+RECEIVERS = ("mock", "nginx")
+
+
 @contextlib.contextmanager
 def engine_setup(label: str, *, receiver_processes: int = 1, receiver_seed: int | None = None,
-                 tls: bool = False) -> Iterator[EngineSetup]:
-    """``tls``: the receiver serves https with a certificate from a CA made here (trustme)."""
+                 tls: bool = False, receiver_kind: str = "mock") -> Iterator[EngineSetup]:
+    """``tls``: the receiver serves https with a certificate from a CA made here (trustme).
+    ``receiver_kind``: ``mock`` (the Python receiver, verifying every signature) or ``nginx``
+    (Debian's nginx answering 204, plain http, one worker; see benchmarks/nginx.py)."""
+    if receiver_kind not in RECEIVERS:
+        raise ValueError(f"unknown receiver {receiver_kind!r} (one of {', '.join(RECEIVERS)})")
+    if receiver_kind == "nginx" and (tls or receiver_processes != 1 or receiver_seed is not None):
+        raise ValueError("the nginx receiver serves plain http with its own worker count and no profiles")
     with bench_database(label) as db, workdir(label) as tmp, StatsdSink() as statsd:
         cert = key = ca_file = None
         if tls:
             ca_file, cert, key = _tls_files(tmp)
-        with ReceiverProcess(secrets=[SECRET], processes=receiver_processes, seed=receiver_seed,
-                             tls_cert=cert, tls_key=key) as receiver:
+        server: contextlib.AbstractContextManager[ReceiverProcess | NginxReceiver] = (
+            NginxReceiver(tmp) if receiver_kind == "nginx" else
+            ReceiverProcess(secrets=[SECRET], processes=receiver_processes, seed=receiver_seed,
+                            tls_cert=cert, tls_key=key))
+        with server as receiver:
             pg = PostgresProcesses(db.name)
             try:
                 yield EngineSetup(db, tmp, statsd, receiver, pg, ca_file)

@@ -1,7 +1,8 @@
 """``throughput``: a pre-filled outbox drained end to end by the real engine.
 
 200,000 pending deliveries over 1,000 endpoints (100 workspaces x 10), 1 KiB
-payloads, an instant receiver that verifies every signature, and every
+payloads, an instant receiver that verifies every signature (``--receiver nginx``:
+Debian's nginx answering 204 instead, see benchmarks/nginx.py), and every
 feature on: signing, attempt history, statsd metrics to a local UDP sink,
 INFO logging to a file, the breaker.  The rows are inserted in one
 transaction while the dispatcher is already up and idle, and the clock starts
@@ -30,6 +31,7 @@ from benchmarks.harness import (
     timed_vacuum,
     wal_lsn,
 )
+from benchmarks.nginx import NginxReceiver
 from dispatcher_devtools.kit import Database, process_tree, seed_endpoints, wait_until
 
 TARGET_PER_SECOND = 5000.0
@@ -39,7 +41,7 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
           client: str | None = None, processes: int = 2, receiver_processes: int = 1, label: str = "throughput",
           timeout: float = 300.0, extra_workers: dict[str, Any] | None = None,
           keep_db: Any = None, tls: bool = False, max_per_second: float | None = None,
-          supervisors: int = 1) -> dict[str, Any]:
+          supervisors: int = 1, receiver_kind: str = "mock", keep_receiver: Any = None) -> dict[str, Any]:
     """Seed ``events`` x ``endpoints_per_workspace`` deliveries and let the engine drain them.
 
     ``keep_db``, when given, is called with the database before it is dropped
@@ -47,11 +49,15 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
     endpoint is https on a TLS receiver.  ``max_per_second``: every endpoint
     gets that rate limit (set high, it measures what the limit costs, not what
     it holds back).  ``supervisors``: that many supervisors (as separate hosts would run them,
-    each with its own owner ids) share the ``processes`` worker processes.
+    each with its own owner ids) share the ``processes`` worker processes.  ``receiver_kind``:
+    ``mock`` (verifies every signature) or ``nginx`` (answers 204; its access log shows that
+    every request carried the signature headers, not that they verify).  ``keep_receiver``,
+    when given, is called with the receiver before it stops.
     """
     if supervisors < 1 or processes % supervisors:
         raise ValueError(f"{processes} worker processes do not split evenly over {supervisors} supervisors")
-    with engine_setup(label, receiver_processes=receiver_processes, tls=tls) as setup:
+    with engine_setup(label, receiver_processes=receiver_processes, tls=tls,
+                      receiver_kind=receiver_kind) as setup:
         db, statsd, receiver = setup.db, setup.statsd, setup.receiver
         urls = [[receiver.url("ok", f"ep{w}-{i}") for i in range(endpoints_per_workspace)]
                 for w in range(workspaces)]
@@ -96,6 +102,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             wal_bytes = wal_lsn(db) - wal_start
             conn.close()
             (last_finished, first_started, delivered, attempts, statuses) = _db_figures(db)
+        if isinstance(receiver, NginxReceiver):
+            receiver.wait_logged(attempts, timeout=10.0)  # its log buffer is flushed every 100 ms
         stats = receiver.stats()
         # Each control request (/_stats) is a TLS connection of its own, this one too: not the engine's.
         handshakes = stats.get("tls_handshakes", 0) - handshakes_before - 1
@@ -106,6 +114,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
         after["vacuum"] = timed_vacuum(db)
         if keep_db is not None:
             keep_db(db)
+        if keep_receiver is not None:
+            keep_receiver(receiver)
         seconds = last_finished - committed
         rate = expected / seconds if seconds > 0 else None
         received_ok = sum(ep.get("ok", 0) for ep in stats["endpoints"].values())
@@ -122,17 +132,14 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             "worker_processes": processes,
             "supervisors": supervisors,
             "owners": sorted(owner for run in runs for owner in run.owners()),
+            "committed_at": committed,
             "seconds": round(seconds, 3),
             "deliveries_per_s": round(rate, 1) if rate else None,
             "first_attempt_after_commit_s": round(first_started - committed, 3),
             "statuses": statuses,
             "lost": lost,
             "attempt_rows": attempts,
-            "receiver": {"requests": stats.get("requests"), "ok": received_ok,
-                         "unique": stats.get("total") - (stats.get("duplicates") or 0)
-                         if stats.get("total") is not None else None,
-                         "duplicates": stats.get("duplicates"), "bad_signatures": stats.get("bad_signatures"),
-                         "cpu_s": stats.get("cpu_s")},
+            "receiver": _receiver_figures(stats, received_ok, committed),
             **cpu_split(cpu, expected),
             "wal_bytes_per_delivery": round(wal_bytes / expected) if expected else None,
             "measured_for_s": round(meter.elapsed, 2),
@@ -144,6 +151,24 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
             "load_average_before": load_before,
             "load_average_after": load_after,
         }
+
+
+def _receiver_figures(stats: dict[str, Any], received_ok: int, committed: float) -> dict[str, Any]:
+    """What the receiver saw; nginx's log adds the signature-header check, its connections and
+    the time of the last request it answered (from the commit)."""
+    figures: dict[str, Any] = {
+        "kind": "nginx" if "signature_headers_missing" in stats else "mock",
+        "requests": stats.get("requests"), "ok": received_ok,
+        "unique": stats.get("total") - (stats.get("duplicates") or 0) if stats.get("total") is not None else None,
+        "duplicates": stats.get("duplicates"), "bad_signatures": stats.get("bad_signatures"),
+        "cpu_s": stats.get("cpu_s")}
+    if figures["kind"] == "nginx":
+        last = stats.get("last_at")
+        figures.update({"signature_headers_missing": stats["signature_headers_missing"],
+                        "id_mismatch": stats["id_mismatch"], "statuses": stats["statuses"],
+                        "connections": stats["connections"],
+                        "last_request_after_commit_s": None if last is None else round(last - committed, 3)})
+    return figures
 
 
 def supervisor_runs(setup: EngineSetup, supervisors: int, *, workers: dict[str, Any],
@@ -190,11 +215,12 @@ def _db_figures(db: Database) -> tuple[float, float, int, int, dict[str, int]]:
 
 
 def run(tiny: bool = False, client: str | None = None, processes: int = 2,
-        ceiling: float | None = None, max_per_second: float | None = None) -> dict[str, Any]:
+        ceiling: float | None = None, max_per_second: float | None = None,
+        receiver: str = "mock") -> dict[str, Any]:
     events = 50 if tiny else 20_000
     workspaces = 10 if tiny else 100
     result = drain(events=events, workspaces=workspaces, client=client, processes=processes,
-                   max_per_second=max_per_second)
+                   max_per_second=max_per_second, receiver_kind=receiver)
     rate = result["deliveries_per_s"] or 0.0
     result["target_per_s"] = TARGET_PER_SECOND
     result["ratio_to_ceiling"] = round(rate / ceiling, 3) if ceiling else None
