@@ -27,8 +27,11 @@ How an attempt runs (both implementations):
 byte, enforced with one ``gevent.Timeout`` around the attempt, so a receiver
 trickling one byte a second is cut off on time (per-socket timeouts would let it
 live forever).  This requires the gevent-monkey-patched process the workers run
-in; socket timeouts are set to the same value only as a backstop.  A connection
-whose attempt timed out or failed is closed, never reused.
+in; socket timeouts are set to the same value only as a backstop (the
+geventhttpclient transport clears a cooperative socket's timeout once it is
+connected: the deadline bounds every wait, and a socket timeout would arm a
+timer of its own for each one).  A connection whose attempt timed out or failed
+is closed, never reused.
 
 **Address cache (the rebinding choice).**  Resolving on every attempt costs a
 trip to the resolver's thread pool, so checked answers are cached per host for
@@ -56,19 +59,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import select
 import socket
 import ssl
 import threading
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from http.client import BadStatusLine, HTTPException, IncompleteRead, LineTooLong, RemoteDisconnected
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import gevent
+import gevent.socket
 import urllib3
+from gevent import monkey
 from geventhttpclient.connectionpool import ConnectionPool as _GhcConnectionPool
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTPSocketPoolResponse
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -186,6 +192,25 @@ _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _MAX_HEAD_BYTES = 64 * 1024
 
 
+# Field values joined by LF (never valid inside one) pass this exactly when each value passes _FIELD_VALUE.
+_FIELD_VALUES = re.compile(r"[\t\n\x20-\x7e\x80-\xff]*")
+
+
+def _values_ok(values: Collection[str]) -> bool:
+    joined = "\n".join(values)
+    return _FIELD_VALUES.fullmatch(joined) is not None and joined.count("\n") == len(values) - 1
+
+
+def _check_headers(headers: dict[str, str]) -> frozenset[str]:
+    """Check each caller header in order; the names to keep (those the transport does not own)."""
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise _BadRequestHeader("invalid request header name")
+        if not _FIELD_VALUE.fullmatch(value):
+            raise _BadRequestHeader(f"invalid value for request header {name}")
+    return frozenset(name for name in headers if name.lower() not in _OWNED_HEADERS)
+
+
 def _dial(dialer: Dialer, ip: str, port: int, timeout: float) -> socket.socket:
     try:
         return dialer(ip, port, timeout)
@@ -214,6 +239,35 @@ def _close_quietly(sock: Any) -> None:
         sock.close()
 
 
+def _original_lock() -> threading.Lock:
+    lock_class: Callable[[], threading.Lock] = monkey.get_original("threading", "Lock")
+    return lock_class()
+
+
+# select.poll as the interpreter has it: gevent's patched select module has a cooperative
+# (and ten times dearer) stand-in, and an idle socket is checked without waiting anyway.
+_poll: Callable[[], Any] = monkey.get_original("select", "poll")
+
+
+def _idle_socket_alive(sock: Any) -> bool:
+    """True if a pooled keep-alive socket still looks usable: open, and nothing to read.
+
+    An idle HTTP/1.1 connection has nothing to say; readable means the peer closed it
+    (EOF), reset it, or sent bytes we did not ask for -- none of which may be reused.
+    One poll(2) with a zero timeout on its descriptor (TLS sockets included), where
+    geventhttpclient's own check runs gevent's cooperative ``select()`` per reuse.
+    """
+    try:
+        fd = sock.fileno()
+        if fd < 0:
+            return False
+        poller = _poll()
+        poller.register(fd, select.POLLIN)
+        return not poller.poll(0)
+    except (OSError, ValueError):
+        return False
+
+
 _P = TypeVar("_P")
 _PoolKey = tuple[str, str, int, str]  # scheme, host, port, ip
 
@@ -226,7 +280,10 @@ class _PoolCache(Generic[_P]):
         self._idle = idle_timeout
         self._close = close
         self._pools: OrderedDict[_PoolKey, tuple[_P, float]] = OrderedDict()
-        self._lock = threading.Lock()  # a gevent lock once patched; held without I/O
+        # The interpreter's own lock, also in a patched worker: it is held without I/O, so
+        # no greenlet ever switches while holding it, and it costs half of gevent's lock
+        # (taken once per request).  In a threaded process it is threading.Lock itself.
+        self._lock = _original_lock()
 
     def get(self, key: _PoolKey, factory: Callable[[], _P]) -> _P:
         now = time.monotonic()
@@ -405,6 +462,8 @@ class _BaseTransport:
         self._ssl_context = self._make_ssl_context(ca_certs)
         self._addresses = _AddressCache(dns_cache_ttl, max_entries=max(4 * max_hosts, 1024))
         self._targets: dict[str, Target] = {}
+        # Sets of request header names already checked -> the names to keep (_wire_headers).
+        self._checked_names: dict[tuple[str, ...], frozenset[str]] = {}
         self._pools: _PoolCache[Any] = _PoolCache(max_hosts, pool_idle_timeout, self._close_pool)
 
     @staticmethod
@@ -492,16 +551,24 @@ class _BaseTransport:
             self._addresses.put(target.host, addresses)
         return addresses
 
-    @staticmethod
-    def _wire_headers(target: Target, headers: dict[str, str], length: int) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name, value in headers.items():
-            if not _TOKEN.fullmatch(name):
-                raise _BadRequestHeader("invalid request header name")
-            if not _FIELD_VALUE.fullmatch(value):
-                raise _BadRequestHeader(f"invalid value for request header {name}")
-            if name.lower() not in _OWNED_HEADERS:
-                out[name] = value
+    def _wire_headers(self, target: Target, headers: dict[str, str], length: int) -> dict[str, str]:
+        """The caller's headers, checked, less the ones we own; then ours.
+
+        The names repeat from request to request (the engine sends the same set every
+        time), so a set of names is checked once and remembered; the values, which
+        change, are checked together in one regex call.  Anything that does not pass
+        goes through the header-by-header check, which names the first culprit.
+        """
+        names = tuple(headers)
+        kept = self._checked_names.get(names)
+        values = headers.values()
+        if kept is None or not _values_ok(values):
+            kept = _check_headers(headers)  # raises for a bad header
+            if len(self._checked_names) >= 1024:
+                self._checked_names.clear()
+            self._checked_names[names] = kept
+        # Header names are unique, so as many kept as given means all of them.
+        out = dict(headers) if len(kept) == len(headers) else {n: v for n, v in headers.items() if n in kept}
         out["Host"] = target.authority
         out["Accept-Encoding"] = "identity"
         out["Content-Length"] = str(length)
@@ -651,20 +718,25 @@ class _PinnedSocketPool(_GhcConnectionPool):
     def get_socket(self) -> Any:
         while self._idle:
             sock = self._idle.pop()
-            if self._is_socket_alive(sock):  # the peer may have closed it while idle
+            if _idle_socket_alive(sock):  # the peer may have closed it while idle
                 return sock
             _close_quietly(sock)
         return self._create_socket()
 
     def _create_socket(self) -> Any:
         sock = self._dial()
-        if self._tls is None:
-            return sock
-        try:
-            return self._tls.wrap_socket(sock, server_hostname=self._request_host)
-        except BaseException:
-            _close_quietly(sock)
-            raise
+        if self._tls is not None:
+            try:
+                sock = self._tls.wrap_socket(sock, server_hostname=self._request_host)
+            except BaseException:
+                _close_quietly(sock)
+                raise
+        if isinstance(sock, gevent.socket.socket):
+            # Connected (and handshaken) within the dial timeout; from here the attempt's
+            # gevent deadline bounds every wait.  A socket timeout as well would arm a
+            # timer of its own for each wait (a response's read, a full send buffer).
+            sock.settimeout(None)
+        return sock
 
     def return_socket(self, sock: Any) -> None:
         if self._closed or len(self._idle) >= self.size:
@@ -705,7 +777,11 @@ class GeventHttpClientTransport(_BaseTransport):
             raise _BadRequestHeader("request header is not latin-1") from None
         sock = pool.get_socket()
         try:
-            sock.sendall(request)
+            # A request fits the socket buffer nearly always: one send, and sendall only for
+            # a rest (gevent's sendall asks the kernel for SO_SNDBUF on every call).
+            sent = sock.send(request)
+            if sent < len(request):
+                sock.sendall(memoryview(request)[sent:])
             # Reads the headers; on error it closes the socket itself.
             response = _CappedResponse(sock, pool, method="POST", block_size=16384)
         except BaseException:
