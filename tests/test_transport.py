@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dispatcher.transport import _PoolCache, make_transport
-from tests.support import KINDS, LoopbackServer, Request, post, post_green, responder, response
+from tests.support import KINDS, LoopbackServer, Peer, Request, post, post_green, responder, response
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -134,6 +134,52 @@ def test_header_injection_is_refused_before_dialing(kind: str) -> None:
     run = post_green(kind, [post("http://127.0.0.1:9/hook", {"X-Evil": "a\r\nHost: other"})])
     assert run.only["error"] == "protocol" and "X-Evil" in run.only["detail"]
     assert run.dials == []
+
+
+@by_kind
+def test_header_checks_hold_for_every_request_with_the_same_names(kind: str) -> None:
+    # The transport remembers a set of names it checked; the values are checked on every request.
+    with LoopbackServer(responder(response(200, b"ok"))) as server:
+        good = {"X-A": "1", "X-B": "two", "Host": "evil.example"}
+        posts = [post(server.url(), good), post(server.url(), {**good, "X-B": "a\r\nX-Injected: 1"}),
+                 post(server.url(), {**good, "X-A": "a\nb"}), post(server.url(), {**good, "X-A": "\x7f"}),
+                 post(server.url(), {**good, "X-A": ""}), post(server.url(), good)]
+        run = post_green(kind, posts)
+    assert [r["status"] for r in run.results] == [200, None, None, None, 200, 200]
+    assert [r["detail"] for r in run.results[1:4]] == [
+        "invalid value for request header X-B", "invalid value for request header X-A",
+        "invalid value for request header X-A"]
+    assert len(server.requests) == 3
+    assert all("x-injected" not in r.headers for r in server.requests)
+    assert {r.headers["host"] for r in server.requests} == {f"127.0.0.1:{server.port}"}  # ours, every time
+    assert [r.headers["x-a"] for r in server.requests] == ["1", "", "1"]
+
+
+@by_kind
+def test_idle_connection_the_peer_closed_or_wrote_to_is_not_reused(kind: str) -> None:
+    # A keep-alive connection that went bad while idle in the pool is dropped and a new one
+    # dialled: nothing is sent into it.  The slow second server lets the first one's FIN
+    # (or stray bytes) arrive before the pooled connection is looked at again.
+    def answer_then_misbehave(peer: Peer) -> None:
+        request = peer.read_request()
+        if request is None or not peer.send(response(200, b"ok")):
+            return
+        if request.path == "/stray":
+            time.sleep(0.05)
+            peer.send(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")  # unasked for
+            peer.wait_closed()
+        # otherwise: close quietly (FIN) while the client keeps the connection
+
+    def slow(request: Request) -> bytes:
+        time.sleep(0.3)
+        return response(200, b"slow")
+
+    with LoopbackServer(answer_then_misbehave) as first, LoopbackServer(responder(slow)) as second:
+        run = post_green(kind, [first.url("/closed"), second.url(), first.url("/stray"), second.url(),
+                                first.url("/closed")])
+    assert [(r["status"], r["error"]) for r in run.results] == [(200, None)] * 5
+    assert first.connections == 3
+    assert [r.path for r in first.requests] == ["/closed", "/stray", "/closed"]
 
 
 @by_kind

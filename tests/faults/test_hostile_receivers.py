@@ -8,6 +8,7 @@ safety bounds only (the deadline plus three seconds), never benchmarks.
 from __future__ import annotations
 
 import contextlib
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.support import (
     LOOPBACK_POLICY,
     LoopbackServer,
     Peer,
+    Request,
     TestCA,
     post_green,
     responder,
@@ -73,6 +75,29 @@ def test_trickles_body(kind: str) -> None:
     with LoopbackServer(trickle_body) as server:
         run = post_green(kind, [server.url()], timeout=DEADLINE)
     _assert_cut_at_deadline(run.only)
+
+
+def test_the_deadline_holds_for_each_attempt_of_one_sender(kind: str) -> None:
+    """One greenlet, attempts one after another (as a sender makes them): each gets the whole
+    deadline.  A deadline that passed does not reach the next attempt, and time spent in
+    earlier attempts is not taken from later ones (a gevent timer stopped and started again
+    keeps only what was left of it)."""
+
+    def silent(peer: Peer) -> None:
+        peer.read_request()
+        peer.wait_closed()
+
+    def answer_late(request: Request) -> bytes:
+        time.sleep(DEADLINE * 0.4)  # well within one deadline; three of them are not
+        return response(200, b"ok")
+
+    with LoopbackServer(silent) as hanging, LoopbackServer(responder(answer_late)) as late:
+        posts = [hanging.url()] + [late.url()] * 4 + [hanging.url()] + [late.url()] * 2
+        run = post_green(kind, posts, timeout=DEADLINE)
+    for index in (0, 5):
+        _assert_cut_at_deadline(run.results[index])
+    answered = [r for i, r in enumerate(run.results) if i not in (0, 5)]
+    assert [(r["status"], r["error"]) for r in answered] == [(200, None)] * 6
 
 
 # --------------------------------------------------------------------------- big bodies
