@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import gevent
 import gevent.event
+import gevent.hub
 
 from dispatcher.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
 from dispatcher.config import Config
@@ -126,6 +127,9 @@ class Worker:
         self._stopping = gevent.event.Event()
         self._cursor = 0
         self._upkeep_runner: Upkeep | None = None
+        # Senders with no lane to serve, each waiting for the next (a stack of them: the most
+        # recently parked, whose memory is warmest, goes first).
+        self._parked: list[gevent.hub.Waiter[tuple[int, Lane] | None]] = []
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -142,6 +146,7 @@ class Worker:
         claimer.join()
         self._hand_back_queued()
         self._wait_for_senders(self.config.workers.graceful_timeout)
+        self._end_parked()
         self._flush_now.set()
         gevent.killall(background[1:], block=True, timeout=2)
         background[0].join(timeout=self.config.workers.graceful_timeout)
@@ -202,9 +207,20 @@ class Worker:
     def _start_senders(self, endpoint_id: int, lane: Lane) -> None:
         while lane.active < self.config.workers.per_endpoint_concurrency and lane.queue:
             lane.active += 1
-            gevent.spawn(self._sender, endpoint_id, lane)
+            if self._parked:
+                # Waking a parked sender costs a fraction of a new greenlet (docs/benchmarks.md).
+                gevent.get_hub().loop.run_callback(self._parked.pop().switch, (endpoint_id, lane))
+            else:
+                gevent.spawn(self._sender, endpoint_id, lane)
 
     def _sender(self, endpoint_id: int, lane: Lane) -> None:
+        """Serve one lane, then park until ``_start_senders`` hands over another (or the process stops)."""
+        job: tuple[int, Lane] | None = (endpoint_id, lane)
+        while job is not None:
+            self._send_lane(*job)
+            job = self._park()
+
+    def _send_lane(self, endpoint_id: int, lane: Lane) -> None:
         """Send this lane's rows one after another until its queue is empty."""
         try:
             while lane.queue and not self._stopping.is_set():
@@ -215,6 +231,19 @@ class Worker:
             lane.active -= 1
             if not lane.held:
                 self._lanes.pop(endpoint_id, None)
+
+    def _park(self) -> tuple[int, Lane] | None:
+        """The next lane to serve, or None: the sender ends.  At most as many senders park as
+        were ever busy at once, itself bounded by ``workers.max_in_flight``."""
+        if self._stopping.is_set():
+            return None
+        waiter: gevent.hub.Waiter[tuple[int, Lane] | None] = gevent.hub.Waiter()
+        self._parked.append(waiter)
+        return waiter.get()
+
+    def _end_parked(self) -> None:
+        while self._parked:
+            gevent.get_hub().loop.run_callback(self._parked.pop().switch, None)
 
     def _finish(self, attempt: Attempt) -> None:
         self._finished.append(attempt)
