@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from dispatcher.config import LoggingConfig
 
@@ -31,8 +32,24 @@ FLUSH_BYTES = 64 * 1024   # or this many bytes, whichever comes first
 BATCHED_LOGGERS = frozenset({"dispatcher.attempt"})
 
 
+def _interpreter_rlock() -> threading.RLock:
+    """The interpreter's own RLock, also in a gevent-patched worker, where threading's is a
+    pure-Python one (taken and released per line).  Nothing done under a handler's lock
+    yields to another greenlet (formatting, and os.write, which gevent leaves blocking), so
+    no greenlet ever waits for it.  gevent is not imported here: producers' processes
+    load this module too and stay unpatched."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None:
+        return threading.RLock()
+    rlock: Callable[[], threading.RLock] = monkey.get_original("_thread", "RLock")
+    return rlock()
+
+
 class BufferedLineHandler(logging.Handler):
     """Formats into a buffer of whole lines, written to ``fd`` in one call per flush."""
+
+    def createLock(self) -> None:  # noqa: N802 (logging's name)
+        self.lock = _interpreter_rlock()
 
     def __init__(self, fd: int, owns_fd: bool) -> None:
         super().__init__()
