@@ -35,6 +35,7 @@ MAX_DATAGRAM = 1432
 # folded labels: kept as they were before tag mode existed, so Graphite
 # dashboards keep working.
 _PLAIN_NAMES = {"webhook_breakers_open": "webhook_breaker_open_total"}
+_LATENCY = "webhook_delivery_latency_seconds"
 
 Tags = tuple[tuple[str, str], ...]
 
@@ -44,6 +45,8 @@ class Metrics:
         self._tagged = config.tags == "dogstatsd"
         self._prefix = config.prefix.rstrip(".") + "."
         self._region: Tags = (("region", region),) if region and self._tagged else ()
+        self._seconds_kind = "h" if self._tagged else "ms"
+        self._templates: dict[tuple[str, str, Tags], tuple[str, str]] = {}
         self._sock: socket.socket | None = None
         self._address: Any = ()
         if not config.enabled:
@@ -65,11 +68,16 @@ class Metrics:
             return
         counts: dict[str, int] = {}
         lines = []
+        # Two lines per attempt: their fixed parts are looked up once per batch.
+        kind = self._seconds_kind
+        value = self._seconds_value
+        attempt_head, attempt_tail = self._template(_LATENCY, kind, (("stage", "attempt"),))
+        commit_head, commit_tail = self._template(_LATENCY, kind, (("stage", "commit_to_2xx"),))
         for result, duration, commit_to_2xx in results:
             counts[result] = counts.get(result, 0) + 1
-            lines.append(self._latency("attempt", duration))
+            lines.append(attempt_head + value(duration) + attempt_tail)
             if commit_to_2xx is not None:
-                lines.append(self._latency("commit_to_2xx", commit_to_2xx))
+                lines.append(commit_head + value(commit_to_2xx) + commit_tail)
         # A counter sent once with n is the same to statsd as n sends of 1.
         lines.extend(self._line("webhook_delivery_attempts_total", count, "c", (("result", result),))
                      for result, count in counts.items())
@@ -102,21 +110,35 @@ class Metrics:
 
     # -- wire format ---------------------------------------------------------
 
-    def _latency(self, stage: str, seconds: float) -> str:
-        return self._seconds("webhook_delivery_latency_seconds", seconds, (("stage", stage),))
-
     def _seconds(self, name: str, seconds: float, labels: Tags = ()) -> str:
         """A duration: a histogram in seconds with tags, a statsd timer in ms without."""
+        head, tail = self._template(name, self._seconds_kind, labels)
+        return head + self._seconds_value(seconds) + tail
+
+    def _seconds_value(self, seconds: float) -> str:
         if self._tagged:
-            return self._line(name, round(seconds, 6), "h", labels)
-        return self._line(name, round(seconds * 1000.0, 3), "ms", labels)
+            return _number(round(seconds, 6))
+        return _number(round(seconds * 1000.0, 3))
 
     def _line(self, name: str, value: float, kind: str, labels: Tags = ()) -> str:
-        if self._tagged:
-            tags = ",".join(f"{key}:{val}" for key, val in labels + self._region)
-            return f"{name}:{_number(value)}|{kind}" + (f"|#{tags}" if tags else "")
-        dotted = "".join(f".{val}" for _, val in labels)
-        return f"{self._prefix}{_PLAIN_NAMES.get(name, name)}{dotted}:{_number(value)}|{kind}"
+        head, tail = self._template(name, kind, labels)
+        return head + _number(value) + tail
+
+    def _template(self, name: str, kind: str, labels: Tags) -> tuple[str, str]:
+        """A line's text before and after its value: built once per name, kind and labels."""
+        key = (name, kind, labels)
+        template = self._templates.get(key)
+        if template is None:
+            if self._tagged:
+                tags = ",".join(f"{k}:{v}" for k, v in labels + self._region)
+                template = (f"{name}:", f"|{kind}" + (f"|#{tags}" if tags else ""))
+            else:
+                dotted = "".join(f".{v}" for _, v in labels)
+                template = (f"{self._prefix}{_PLAIN_NAMES.get(name, name)}{dotted}:", f"|{kind}")
+            if len(self._templates) >= 4096:  # per-endpoint gauges: bounded, not a leak
+                self._templates.clear()
+            self._templates[key] = template
+        return template
 
     def _send(self, lines: list[str]) -> None:
         if self._sock is None or not lines:
