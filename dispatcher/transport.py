@@ -284,10 +284,12 @@ class _PoolCache(Generic[_P]):
         # no greenlet ever switches while holding it, and it costs half of gevent's lock
         # (taken once per request).  In a threaded process it is threading.Lock itself.
         self._lock = _original_lock()
+        # Until then no pool can be idle for too long: the oldest one's last use plus the
+        # idle timeout, as of the last sweep (pools used since are younger still).
+        self._sweep_at = float("-inf")
 
     def get(self, key: _PoolKey, factory: Callable[[], _P]) -> _P:
         now = time.monotonic()
-        evicted: list[_P] = []
         with self._lock:
             entry = self._pools.get(key)
             if entry is None:
@@ -296,16 +298,25 @@ class _PoolCache(Generic[_P]):
                 pool = entry[0]
                 self._pools.move_to_end(key)
             self._pools[key] = (pool, now)
-            # Least recently used first: stop at the first pool we may keep.
-            while self._pools:
-                oldest_key, (oldest, used) = next(iter(self._pools.items()))
-                if len(self._pools) <= self._max and now - used <= self._idle:
-                    break
-                del self._pools[oldest_key]
-                evicted.append(oldest)
+            if now <= self._sweep_at and len(self._pools) <= self._max:
+                return pool
+            evicted = self._sweep(now)
         for old in evicted:  # closing may touch sockets: outside the lock
             self._close(old)
         return pool
+
+    def _sweep(self, now: float) -> list[_P]:
+        """Take out pools past the size or the idle limit; the caller holds the lock."""
+        evicted: list[_P] = []
+        # Least recently used first: stop at the first pool we may keep.
+        while self._pools:
+            oldest_key, (oldest, used) = next(iter(self._pools.items()))
+            if len(self._pools) <= self._max and now - used <= self._idle:
+                self._sweep_at = used + self._idle
+                break
+            del self._pools[oldest_key]
+            evicted.append(oldest)
+        return evicted
 
     def __len__(self) -> int:
         return len(self._pools)

@@ -251,6 +251,21 @@ def test_pool_cache_evicts_least_recently_used_and_idle_pools() -> None:
     assert closed[-1] == "pool-x" and len(idle) == 1
 
 
+def test_pool_cache_closes_an_idle_pool_while_another_is_in_steady_use() -> None:
+    closed: list[str] = []
+    cache: _PoolCache[str] = _PoolCache(max_pools=10, idle_timeout=0.2, close=closed.append)
+
+    def key(name: str) -> Any:
+        return ("http", name, 80, "192.0.2.1")
+
+    cache.get(key("quiet"), lambda: "pool-quiet")
+    for _ in range(5):  # "busy" is used again and again; "quiet" is not
+        assert cache.get(key("busy"), lambda: "pool-busy") == "pool-busy"
+        time.sleep(0.06)
+    assert closed == ["pool-quiet"] and len(cache) == 1
+    assert cache.get(key("quiet"), lambda: "new-quiet") == "new-quiet"
+
+
 @by_kind
 def test_an_extra_ca_file_is_trusted_in_addition_to_the_system_store(kind: str, tmp_path: Any) -> None:
     import ssl
