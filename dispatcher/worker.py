@@ -188,7 +188,8 @@ class Worker:
 
     def _busy_endpoints(self) -> list[int]:
         limit = self.config.workers.per_endpoint_concurrency
-        return [endpoint_id for endpoint_id, lane in self._lanes.items() if lane.held >= limit]
+        # Lane.held spelled out: this walks every lane on every claim.
+        return [endpoint_id for endpoint_id, lane in self._lanes.items() if len(lane.queue) + lane.active >= limit]
 
     def _accept(self, rows: list[ClaimedRow]) -> None:
         if not rows:
