@@ -6,6 +6,8 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
   batch to finish; endpoints whose local lane is full are excluded from the
   claim, so a hanging endpoint holds at most a lane's worth of rows;
 * one lane per endpoint runs at most ``per_endpoint_concurrency`` senders;
+  a sender whose lane ran dry parks and is woken for the next lane (a
+  greenlet costs more to make than to wake);
 * the flusher writes finished attempts in batches (one statement per flush)
   and updates the breakers;
 * upkeep (one process per region, by a lease row: ``dispatcher.upkeep``) evaluates backlog alerts,
