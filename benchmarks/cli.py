@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.harness import load_average, machine
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
-                               "tls", "failover", "internet", "scaleout", "peer")
+                               "tls", "failover", "internet", "scaleout", "peer", "dbcost")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:

@@ -26,6 +26,8 @@ KEYS = {
                  "worker_open_fds", "max_in_flight_limited", "met_by_target", "faulty", "baseline"},
     "scaleout": {"one_supervisor", "two_supervisors", "ratio_two_to_one", "conflicts"},
     "peer": {"runs", "order", "ours_median_per_s", "peer_median_per_s", "ratio", "versions", "peer_tuning"},
+    "dbcost": {"postgres_cpu_ms_per_delivery", "claim_cpu_ms_per_delivery", "record_cpu_ms_per_delivery",
+               "wal_bytes_per_delivery", "outbox_hot_updates"},
 }
 # Scenarios that need what pip's test extra does not bring: why each cannot run here, or None.
 NEEDS = {"peer": missing_tools}
