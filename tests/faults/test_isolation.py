@@ -24,10 +24,13 @@ def test_hanging_and_slow_endpoints_do_not_hold_up_healthy_ones(db, write_config
                                                                  receiver: ReceiverProcess) -> None:
     # The bad endpoints come first in id order, so a claim that did not cap each
     # endpoint's share would fill the process with them before any healthy row.
-    urls = [receiver.url("hang", "hang"), receiver.url("slow", "slow", ms=4800),
+    # The first attempts to the bad endpoints time out after 4 s; the healthy rows must all be delivered
+    # before then (a timed-out attempt frees its lane slot while the slow endpoint still works on it:
+    # docs/benchmarks.md "Not done").  At 2 s a loaded CI machine sometimes missed that window.
+    urls = [receiver.url("hang", "hang"), receiver.url("slow", "slow", ms=9600),
             *(receiver.url("ok", f"healthy{n}") for n in range(3))]
     hang, slow, *healthy = seed_workspace(db.dsn, "ws", urls)
-    config = write_config(db, http={"timeout": "2s"}, retry={"base": "5s"},
+    config = write_config(db, http={"timeout": "4s"}, retry={"base": "5s"},
                           workers={"processes": 1, "per_endpoint_concurrency": 4, "max_in_flight": 32,
                                    "claim_batch": 32, "poll_interval": "50ms", "graceful_timeout": "1s"})
     produce(config, db.dsn, "ws", 100)  # 100 rows on each endpoint
