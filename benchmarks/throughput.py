@@ -90,7 +90,11 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
                                        daemon=True)
             sampler.start()
             try:
-                wait_until(lambda: db.scalar("SELECT count(*) = 0 FROM webhook_deliveries WHERE status = 'pending'"),
+                # NOT EXISTS stops at the first pending row of the due index: a count(*)
+                # here read the whole outbox five times a second (56 ms a call at
+                # 200,000 rows), CPU taken from the engine being measured.
+                wait_until(lambda: db.scalar("SELECT NOT EXISTS (SELECT 1 FROM webhook_deliveries"
+                                             " WHERE status = 'pending')"),
                            timeout=timeout, interval=0.2, message="the outbox to drain")
             finally:
                 cpu = meter.stop()
