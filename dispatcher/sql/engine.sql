@@ -208,11 +208,15 @@ WITH results AS (
            locked_by = NULL, locked_until = NULL, claim_token = NULL
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
-    RETURNING w.id, w.endpoint_id, r.token
+    RETURNING w.id, w.endpoint_id, r.token, r.result
 ), lanes AS (
     -- The lane slots of the rows written here go back (only rows this
-    -- statement wrote: the same batch written twice gives nothing back twice).
-    SELECT endpoint_id, token, count(*) AS done FROM updated GROUP BY endpoint_id, token
+    -- statement wrote: the same batch written twice gives nothing back twice),
+    -- except a timed-out attempt's: the endpoint may still be working on it,
+    -- and sending the next row at once would put more requests on it than
+    -- its limit.  That slot stays taken until the claim's lease lapses
+    -- (engine_prune_leases; dispatcher_lane_free counts only live entries).
+    SELECT endpoint_id, token, count(*) AS done FROM updated WHERE result <> 'timeout' GROUP BY endpoint_id, token
 ), lanes_emptied AS (
     DELETE FROM endpoint_leases l USING lanes x
      WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done

@@ -25,8 +25,7 @@ def test_hanging_and_slow_endpoints_do_not_hold_up_healthy_ones(db, write_config
     # The bad endpoints come first in id order, so a claim that did not cap each
     # endpoint's share would fill the process with them before any healthy row.
     # The first attempts to the bad endpoints time out after 4 s; the healthy rows must all be delivered
-    # before then (a timed-out attempt frees its lane slot while the slow endpoint still works on it:
-    # docs/benchmarks.md "Not done").  At 2 s a loaded CI machine sometimes missed that window.
+    # before then.  At 2 s a loaded CI machine sometimes missed that window.
     urls = [receiver.url("hang", "hang"), receiver.url("slow", "slow", ms=9600),
             *(receiver.url("ok", f"healthy{n}") for n in range(3))]
     hang, slow, *healthy = seed_workspace(db.dsn, "ws", urls)
