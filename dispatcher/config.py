@@ -217,8 +217,9 @@ class DatabaseConfig:
     connect_timeout: float = setting(5.0, parse_duration, "how long one connection attempt may take")
     reconnect_max: float = setting(30.0, parse_duration, "cap of the reconnect backoff after a lost connection")
     statement_deadline: float = setting(30.0, parse_duration,
-                                        "longest a worker waits for one database answer before it drops the "
-                                        "connection and reconnects (a hung primary, a host gone silent)")
+                                        "longest a worker waits for one database answer, and an API request "
+                                        "for all of its database work, before the connection is dropped as "
+                                        "lost (a hung primary, a host gone silent; the API answers 503)")
     prepared_statements: bool = setting(True, _boolean, "server-side prepared statements for the hot queries; "
                                                         "false behind a transaction pooler (PgBouncer)")
 

@@ -43,6 +43,7 @@ import gevent.hub
 from dispatcher.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
 from dispatcher.config import Config
 from dispatcher.delivery import Attempt, DeliveryMaker
+from dispatcher.green_deadline import database_bound
 from dispatcher.metrics import Metrics
 from dispatcher.notifier import OwnerNotices
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
@@ -89,14 +90,6 @@ class Backoff:
         self._next = self._first
 
 
-def _database_bound(seconds: float) -> gevent.Timeout:
-    """A wait for the database of at most ``seconds`` (``database.connect_timeout`` per server,
-    ``database.statement_deadline`` per call): past it, DatabaseUnavailable, and the connection
-    is dropped as a lost one."""
-    return gevent.Timeout(seconds, DatabaseUnavailable(
-        f"no answer from the database within {seconds:g}s; reconnecting"))
-
-
 class Worker:
     def __init__(self, config: Config, dsn: str, owner: str, heartbeat_path: str | None = None,
                  maker: DeliveryMaker | None = None) -> None:
@@ -106,7 +99,7 @@ class Worker:
         def connection(purpose: str) -> ManagedConnection:
             database = config.database
             return ManagedConnection(dsn, f"dispatcher {purpose} {owner}", database.connect_timeout,
-                                     database.prepared_statements, bound=_database_bound,
+                                     database.prepared_statements, bound=database_bound,
                                      statement_deadline=database.statement_deadline)
 
         self._claims = EngineStore(connection("claim"))

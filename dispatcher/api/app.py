@@ -12,6 +12,8 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -102,15 +104,24 @@ def _csp_for(html: bytes) -> str:
             "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def create_app(config: Config, dsn: str) -> DispatcherApp:
-    """The WSGI app for ``config.api``, reading and writing the database at ``dsn``."""
+def create_app(config: Config, dsn: str,
+               bound: Callable[[float], AbstractContextManager[Any]] | None = None) -> DispatcherApp:
+    """The WSGI app for ``config.api``, reading and writing the database at ``dsn``.
+
+    ``bound``: how the server process limits a request's wait for the database
+    (``serve_main``: a gevent timeout; see ``api/pool.py``).
+    """
     api = config.api
-    pool = ConnectionPool(dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
-                          statement_timeout=api.statement_timeout)
+
+    def pool_for(target: str, application_name: str) -> ConnectionPool:
+        return ConnectionPool(target, size=api.pool_size, connect_timeout=config.database.connect_timeout,
+                              statement_timeout=api.statement_timeout, application_name=application_name,
+                              bound=bound, deadline=config.database.statement_deadline)
+
+    pool = pool_for(dsn, "dispatcher-api")
     reads = None
     if api.read_dsn:
-        standby = ConnectionPool(api.read_dsn, size=api.pool_size, connect_timeout=config.database.connect_timeout,
-                                 statement_timeout=api.statement_timeout, application_name="dispatcher-api-read")
+        standby = pool_for(api.read_dsn, "dispatcher-api-read")
         reads = ReadRoute(pool, standby)
     console = _asset("console.html")
     ctx = ApiContext(config=api, pool=pool, reads=reads,

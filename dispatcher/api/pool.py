@@ -11,6 +11,12 @@ Connections are opened lazily, so the app can start while the database is
 down and serve 503 until it comes back.  A connection that fails with an
 operational error is discarded, and so is every idle one (a restart of the
 server kills them all; better one failed request than one per connection).
+
+``bound(seconds)``, when given (``serve_main`` passes ``dispatcher.green_deadline.database_bound``),
+limits a request's whole use of its connection, opening it included, to
+``deadline`` seconds (``database.statement_deadline``): the server's
+``statement_timeout`` ends slow queries, but a frozen primary or a host gone
+silent never answers at all, and a green libpq waits for it forever.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TypeVar
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, TypeVar
 
 import psycopg2
 import psycopg2.extensions
@@ -42,8 +48,11 @@ class PoolTimeout(store.DatabaseUnavailable):
 
 class ConnectionPool:
     def __init__(self, dsn: str, size: int, connect_timeout: float, statement_timeout: float,
-                 application_name: str = "dispatcher-api") -> None:
+                 application_name: str = "dispatcher-api",
+                 bound: Callable[[float], AbstractContextManager[Any]] | None = None, deadline: float = 30.0) -> None:
         self._dsn = dsn
+        self._bound = bound
+        self._deadline = deadline
         self._application_name = application_name
         self._connect_timeout = connect_timeout
         self._statement_timeout_ms = max(1, int(statement_timeout * 1000))
@@ -97,9 +106,10 @@ class ConnectionPool:
         self.lent += 1
         conn: store.Connection | None = None
         try:
-            conn = self._take()
-            with store.translated():
-                yield conn
+            with self._bound(self._deadline) if self._bound is not None else nullcontext():
+                conn = self._take()
+                with store.translated():
+                    yield conn
         except store.QueryTimeout:
             raise  # statement_timeout: the connection itself is healthy
         except store.DatabaseUnavailable as exc:

@@ -25,6 +25,7 @@ from dispatcher.config import Config, load_config  # noqa: E402
 from dispatcher.embedded import resolve_dsn  # noqa: E402
 from dispatcher.entry import check_schema, run_command  # noqa: E402
 from dispatcher.exitcodes import ExitCode  # noqa: E402
+from dispatcher.green_deadline import database_bound  # noqa: E402
 from dispatcher.logsetup import configure_logging  # noqa: E402
 
 log = logging.getLogger("dispatcher.api")
@@ -36,7 +37,7 @@ def serve(config: Config) -> int:
     dsn = resolve_dsn(config.database)
     # Fail fast at boot on an unreachable or unmigrated database, like every other command.
     check_schema(config.source, dsn, config.database.connect_timeout, "dispatcher-api")
-    app = create_app(config, dsn)
+    app = create_app(config, dsn, bound=database_bound)
     limits = ClientLimits.from_config(config.api)
     limits = dataclasses.replace(limits, max_connections=ensure_descriptors(limits.max_connections))
     # Past max_connections, new connections wait in the listen backlog; the

@@ -163,3 +163,30 @@ def test_a_read_only_database_is_waited_out_not_a_silent_stop(db, write_config, 
             assert dispatcher.worker_pids() == [pid]
     finally:
         producer.close()
+
+
+def test_an_api_request_the_database_never_answers_gets_503_within_the_deadline(db, write_config) -> None:
+    # The server-side statement_timeout is an hour here, so only the API's own deadline
+    # (database.statement_deadline) can end the wait: as for a frozen primary or a host
+    # gone silent, which never answer at all.
+    from tests.support.faults import ApiServer, create_token
+
+    seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    config = write_config(db, database={"statement_deadline": "2s"},
+                          api={"listen": "127.0.0.1:0", "pool_size": 1, "statement_timeout": "1h"})
+    token = create_token(config, "ws")
+    with ApiServer(config) as api:
+        assert api.request("GET", "/v2/webhooks/endpoints", token)[0] == 200
+        locker = psycopg2.connect(db.dsn)
+        try:
+            with locker.cursor() as cur:
+                cur.execute("LOCK TABLE api_tokens, webhook_endpoints IN ACCESS EXCLUSIVE MODE")
+            status, body = api.request("GET", "/v2/webhooks/endpoints", token)
+            assert status == 503, body
+            assert "unavailable" in body["detail"], body
+        finally:
+            locker.rollback()
+            locker.close()
+        # The connection given up on was dropped; the next request gets a fresh one.
+        assert api.request("GET", "/v2/webhooks/endpoints", token)[0] == 200
+        assert not [line for line in api.lines if "Traceback" in line]
