@@ -40,6 +40,7 @@ from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
 from dispatcher.embedded import resolve_dsn
 from dispatcher.entry import check_schema
 from dispatcher.exitcodes import ExitCode
+from dispatcher.store.deadline import blocking_bound, install_bounded_waits
 from dispatcher.store.engine import EngineStore, ManagedConnection
 
 log = logging.getLogger("dispatcher.supervisor")
@@ -91,8 +92,11 @@ class Supervisor:
         self._spawned = 0
         self._crashes = 0
         self._next_spawn_at = 0.0
+        # Each wait for the database is bounded (store/deadline.py, installed by
+        # run_supervisor): a release that never gets an answer must not stop the loop.
         self._connection = ManagedConnection(dsn, "dispatcher supervisor", config.database.connect_timeout,
-                                             config.database.prepared_statements)
+                                             config.database.prepared_statements, bound=blocking_bound,
+                                             statement_deadline=config.database.statement_deadline)
         self._leases = EngineStore(self._connection)
 
     # -- signals: the handler only queues -----------------------------------
@@ -304,4 +308,6 @@ def run_supervisor(config: Config) -> int:
     configure_logging(config.logging, "supervisor")
     dsn = resolve_dsn(config.database)
     check_schema(config.source, dsn, config.database.connect_timeout, "dispatcher supervisor")
+    # After the boot check, whose blocking connect still has libpq's connect_timeout.
+    install_bounded_waits()
     return Supervisor(config, dsn).run()

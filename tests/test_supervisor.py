@@ -335,6 +335,34 @@ def test_claims_are_released_at_once_even_after_the_supervisors_db_session_dropp
     assert_no_event(log, "release_failed")
 
 
+def test_a_release_the_database_never_answers_does_not_hold_up_the_supervisor(
+        db, make_config, tmp_path: Path) -> None:
+    """The supervisor's release of a dead worker's claims waits on a lock here, as it would on a
+    frozen primary or a host gone silent; it gives up after database.statement_deadline, and the
+    supervisor goes on replacing workers and obeying signals (the lease lapses instead)."""
+    import psycopg2
+
+    config = make_config(database={"statement_deadline": "2s"})
+    with Dispatcher(config, tmp_path / "d.log") as dispatcher:
+        (first,) = workers_up(dispatcher, 1)
+        owner = owner_of(first)
+        locker = psycopg2.connect(db.dsn)
+        try:
+            with locker.cursor() as cur:
+                cur.execute("LOCK TABLE region_leader IN ACCESS EXCLUSIVE MODE")
+            psutil.Process(first).send_signal(signal.SIGKILL)
+            (second,) = workers_up(dispatcher, 1)
+            assert second != first
+            dispatcher.signal(signal.SIGTERM)
+            assert dispatcher.wait(30) == ExitCode.OK
+        finally:
+            locker.rollback()
+            locker.close()
+        log = dispatcher.log()
+    assert f"could not release {owner}'s claims now" in log, log[-3000:]
+    assert "Traceback" not in log
+
+
 def test_a_worker_that_cannot_boot_halts_the_supervisor(db, make_config, tmp_path: Path) -> None:
     config = make_config(workers={"processes": 2})
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
