@@ -351,6 +351,7 @@ def test_a_release_the_database_never_answers_does_not_hold_up_the_supervisor(
             with locker.cursor() as cur:
                 cur.execute("LOCK TABLE region_leader IN ACCESS EXCLUSIVE MODE")
             psutil.Process(first).send_signal(signal.SIGKILL)
+            wait_until(lambda: first not in dispatcher.worker_pids(), message="the killed worker to be reaped")
             (second,) = workers_up(dispatcher, 1)
             assert second != first
             dispatcher.signal(signal.SIGTERM)
