@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dispatcher.breaker import BreakerSignal
 from dispatcher.config import Config
+from dispatcher.limits import slot_hold
 from dispatcher.message import delivery_headers, event_body, event_id_problem, signing_keys
 from dispatcher.netguard import OutboundPolicy
 from dispatcher.policy import (
@@ -74,15 +75,16 @@ def build_transport(config: Config) -> Transport:
 
 
 class DeliveryMaker:
-    def __init__(self, transport: Transport, policies: RetryPolicies) -> None:
+    def __init__(self, transport: Transport, policies: RetryPolicies, deadline: float = 0.0) -> None:
         self._transport = transport
         self._policies = policies
+        self._deadline = deadline  # the transport's (http.timeout), for limits.slot_hold
         self._rng = random.Random()
         self._in_flight: dict[int, ClaimedRow] = {}
 
     @classmethod
     def from_config(cls, config: Config) -> DeliveryMaker:
-        return cls(build_transport(config), config.retry.retry_policies())
+        return cls(build_transport(config), config.retry.retry_policies(), config.http.timeout)
 
     def close(self) -> None:
         self._transport.close()
@@ -157,6 +159,7 @@ class DeliveryMaker:
             status=_STATUS_OF[outcome.verdict], attempt=row.attempt, delay=outcome.delay or 0.0,
             error=scrub(outcome.error, _secrets(row)) if outcome.error else None,
             status_code=status_code, result=outcome.result,
-            started_mono=started, duration_ms=int((finished - started) * 1000), excerpt=body_excerpt)
+            started_mono=started, duration_ms=int((finished - started) * 1000), excerpt=body_excerpt,
+            hold=slot_hold(outcome.result, self._deadline))
         to_2xx = row.age + (finished - claimed_at) if outcome.verdict is Verdict.DELIVERED else None
         return Attempt(record, row.event_id, outcome.breaker, to_2xx)

@@ -9,6 +9,9 @@ Two limits decide how many rows of one endpoint a claim may take:
   ``max(1, rate)`` tokens refilled at ``rate`` per second; every row claimed
   takes one.  A missing bucket is full.
 
+A slot is taken from the claim until the attempt's result is written, and an
+attempt that timed out keeps it a while longer (:func:`slot_hold`).
+
 The claim applies this rule in SQL (``dispatcher_room`` and
 ``dispatcher_bucket_after``, migration 0006, called by ``dispatcher_lane_free``, 0013) under a per-endpoint transaction
 lock, so concurrent claimers never both see the same free slots.  The functions
@@ -58,3 +61,17 @@ class EndpointLimits:
         """The bucket's level once a claim took ``taken`` rows (never below zero)."""
         level = self.tokens(stored, elapsed)
         return None if level is None else max(0.0, level - taken)
+
+
+def slot_hold(result: str, deadline: float) -> float:
+    """Seconds an attempt's lane slot stays taken after its result is written.
+
+    A timed-out attempt's (``result`` ``timeout``) stays taken for one more
+    ``deadline`` (``http.timeout``): we stopped waiting, but the endpoint may
+    still be working on it, and sending it the next row at once would put more
+    requests on it than its limit.  A receiver still busy past twice the
+    deadline is taken for hung.  Held for as long as a lease instead, a busy
+    endpoint with occasional timeouts would lose most of its lane.  Every
+    other result hands the slot back at once: the exchange is over.
+    """
+    return deadline if result == "timeout" else 0.0

@@ -62,21 +62,21 @@ def test_rate_limit_is_held_across_two_hosts(db, write_config, tmp_path: Path) -
     assert query(db.dsn, "SELECT max(attempt) FROM webhook_deliveries WHERE endpoint_id = %s", (limited,)) == [(1,)]
 
 
-def test_a_timed_out_attempt_keeps_its_slot_while_the_endpoint_may_still_work(db, write_config,
-                                                                             tmp_path: Path) -> None:
-    # The endpoint answers after 3 s; our deadline is 1 s.  When an attempt times out, the
+def test_a_timed_out_attempt_keeps_its_slot_for_one_more_deadline(db, write_config, tmp_path: Path) -> None:
+    # The endpoint answers after 1.8 s; our deadline is 1 s.  When an attempt times out, the
     # receiver is still working on it, so handing its lane slot straight back would let the
-    # next claim send more: the endpoint would see 4, then 6 requests at once against a limit
-    # of 2.  The slot stays taken until the claim's lease (4 s) lapses.
+    # next claim send more: the endpoint saw 6 requests at once against a limit of 2.  The
+    # slot stays taken for one more deadline (limits.slot_hold), not until the lease (30 s)
+    # lapses: six attempts, three rounds of two, come well inside one lease.
     with ReceiverProcess(secrets=[SECRET]) as receiver:
-        (slow,) = seed_workspace(db.dsn, "ws", [receiver.url("slow", "slow", ms=3000)])
+        (slow,) = seed_workspace(db.dsn, "ws", [receiver.url("slow", "slow", ms=1800)])
         config = write_config(db, http={"timeout": "1s"}, retry={"base": "60s"},
                               workers={"processes": 1, "per_endpoint_concurrency": 2, "poll_interval": "50ms",
-                                       "lease": "4s", "heartbeat_interval": "200ms"})
+                                       "lease": "30s", "heartbeat_interval": "200ms"})
         produce(config, db.dsn, "ws", 20)
         with Dispatcher(config, tmp_path / "d.log"):
             wait_until(lambda: query(db.dsn, "SELECT count(*) FROM webhook_delivery_attempts")[0][0] >= 6,
-                       timeout=60, message="six timed-out attempts")
+                       timeout=25, message="six timed-out attempts within one lease")
         seen = receiver.endpoint("slow")
     assert seen["max_concurrency"] <= 2, seen
     results = query(db.dsn, "SELECT DISTINCT result FROM webhook_delivery_attempts WHERE endpoint_id = %s", (slow,))

@@ -9,12 +9,13 @@ everything that must agree with it is tested here against the same table of case
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pytest
 
-from dispatcher.limits import EndpointLimits
-from dispatcher.store.engine import EngineStore, ManagedConnection
+from dispatcher.limits import EndpointLimits, slot_hold
+from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
 from dispatcher_devtools.kit import query, seed_workspace
 
 
@@ -109,3 +110,35 @@ def test_a_lapsed_lease_does_not_hold_a_slot(db) -> None:
     _lease(db, endpoint, 4, "-1 s")
     rows = EngineStore(ManagedConnection(db.dsn, "test")).claim("w", 200, 4, [], 0, 30.0)
     assert len(rows) == 4
+
+
+@pytest.mark.parametrize(("result", "hold"), [("timeout", 10.0), ("delivered", 0.0), ("http_5xx", 0.0),
+                                              ("connection", 0.0), ("protocol", 0.0)])
+def test_only_a_timed_out_attempt_holds_its_slot_and_for_one_deadline(result: str, hold: float) -> None:
+    assert slot_hold(result, 10.0) == hold
+
+
+def test_the_result_write_holds_a_timed_out_slot_until_its_hold_lapses(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+              "SELECT 'ws', %s, 'ev', 'h' FROM generate_series(1, 10)", (endpoint,))
+    engine = EngineStore(ManagedConnection(db.dsn, "test"))
+    claimed = engine.claim("w", 200, 4, [], 0, 30.0)
+    assert len(claimed) == 4
+
+    def result(row: ClaimedRow, label: str, hold: float) -> AttemptRecord:
+        return AttemptRecord(row.id, row.claim_token, row.endpoint_id, "pending", row.attempt, 0.0, label, None,
+                             label, time.monotonic(), 1, None, hold)
+
+    # Two time out, one is refused, one is still in flight.
+    first, second, third, fourth = claimed
+    engine.record([result(first, "timeout", slot_hold("timeout", 60.0)),
+                   result(second, "timeout", slot_hold("timeout", 60.0)),
+                   result(third, "connection", slot_hold("connection", 60.0))])
+    room = "SELECT dispatcher_lane_free(%s, 4, NULL)"
+    assert query(db.dsn, room, (endpoint,)) == [(1,)]  # 1 in flight, 2 held
+    engine.record([result(fourth, "delivered", slot_hold("delivered", 60.0))])
+    assert query(db.dsn, room, (endpoint,)) == [(2,)]  # 2 held
+    query(db.dsn, "UPDATE endpoint_leases SET until = now() - interval '1 s' WHERE claim_token < 0")
+    assert query(db.dsn, room, (endpoint,)) == [(4,)]  # the hold lapsed

@@ -194,7 +194,7 @@ WITH results AS (
     SELECT * FROM json_to_recordset(%(results)s::json)
         AS r(id bigint, token bigint, status text, attempt int, delay float8, error text,
              status_code int, result text, started_ago float8, duration_ms int, excerpt text,
-             endpoint_id bigint)
+             endpoint_id bigint, hold float8)
 ), updated AS (
     UPDATE webhook_deliveries w
        SET status = r.status,
@@ -208,15 +208,21 @@ WITH results AS (
            locked_by = NULL, locked_until = NULL, claim_token = NULL
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
-    RETURNING w.id, w.endpoint_id, r.token, r.result
+    RETURNING w.id, w.endpoint_id, r.token, r.hold
 ), lanes AS (
     -- The lane slots of the rows written here go back (only rows this
-    -- statement wrote: the same batch written twice gives nothing back twice),
-    -- except a timed-out attempt's: the endpoint may still be working on it,
-    -- and sending the next row at once would put more requests on it than
-    -- its limit.  That slot stays taken until the claim's lease lapses
-    -- (engine_prune_leases; dispatcher_lane_free counts only live entries).
-    SELECT endpoint_id, token, count(*) AS done FROM updated WHERE result <> 'timeout' GROUP BY endpoint_id, token
+    -- statement wrote: the same batch written twice gives nothing back twice).
+    SELECT endpoint_id, token, count(*) AS done FROM updated GROUP BY endpoint_id, token
+), held AS (
+    -- A timed-out attempt's slot stays taken r.hold seconds longer
+    -- (limits.slot_hold): its own ledger entry, keyed by the claim token
+    -- negated, that dispatcher_lane_free counts until it lapses.
+    INSERT INTO endpoint_leases AS l (endpoint_id, claim_token, owner, leased, until)
+    SELECT endpoint_id, -token, 'held after a timeout', count(*), now() + make_interval(secs => max(hold))
+      FROM updated WHERE hold > 0
+     GROUP BY endpoint_id, token
+    ON CONFLICT (endpoint_id, claim_token) DO UPDATE
+       SET leased = l.leased + excluded.leased, until = greatest(l.until, excluded.until)
 ), lanes_emptied AS (
     DELETE FROM endpoint_leases l USING lanes x
      WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done

@@ -302,6 +302,7 @@ class AttemptRecord:
     started_mono: float          # time.monotonic() when the attempt started
     duration_ms: int
     excerpt: str | None
+    hold: float = 0.0            # seconds its lane slot stays taken after the write (limits.slot_hold)
 
 
 class EngineStore:
@@ -331,7 +332,7 @@ class EngineStore:
         rows = [{"id": r.id, "token": r.claim_token, "status": r.status, "attempt": r.attempt, "delay": r.delay,
                  "error": storable(r.error), "status_code": r.status_code, "result": r.result,
                  "started_ago": now - r.started_mono, "duration_ms": r.duration_ms,
-                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id} for r in records]
+                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id, "hold": r.hold} for r in records]
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_record"), {"results": json.dumps(rows, separators=(",", ":"))})
             return {row[0] for row in cur.fetchall()}
