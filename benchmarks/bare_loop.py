@@ -24,8 +24,8 @@ import gevent.event
 import gevent.pool
 import psycopg2
 
-from dispatcher.netguard import OutboundPolicy
-from dispatcher.transport import make_transport
+from dispatcher.outbound.netguard import OutboundPolicy
+from dispatcher.outbound.transport import make_transport
 
 CLAIM = """
 WITH c AS (

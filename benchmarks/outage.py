@@ -24,8 +24,8 @@ from benchmarks.harness import (
     workdir,
 )
 from dispatcher import Event, WebhookSender
-from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.config import config_from_mapping
+from dispatcher.rules.replay_budget import ReplayBudget
 from dispatcher.store import api_data
 from dispatcher_devtools.kit import SECRET, bench_config, seed_endpoints, wait_until
 from dispatcher_devtools.receiver import ReceiverProcess

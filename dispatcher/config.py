@@ -22,16 +22,16 @@ from typing import Any
 
 import yaml
 
-from dispatcher.breaker import BreakerPolicy
 from dispatcher.contacts import InvalidContact, check_email
-from dispatcher.health import BacklogRule, FleetRule
-from dispatcher.policy import RetryPolicies, RetryPolicy
+from dispatcher.rules.breaker import BreakerPolicy
+from dispatcher.rules.health import BacklogRule, FleetRule
+from dispatcher.rules.retry import RetryPolicies, RetryPolicy
 from dispatcher.signing import ROTATION_GRACE
 
 # The retry and breaker settings default to the policies' own values, declared once there.
 _RETRY_DEFAULTS = RetryPolicy()
 _BREAKER = BreakerPolicy()
-# So do the alert thresholds: the rules' own (RFC-014 "Backlog growth"), declared once in dispatcher/health.py.
+# So do the alert thresholds: the rules' own (RFC-014 "Backlog growth"), declared once in dispatcher/rules/health.py.
 _BACKLOG_DEFAULTS = BacklogRule()
 _FLEET_DEFAULTS = FleetRule()
 
@@ -342,7 +342,7 @@ class ProducerConfig:
 @dataclass(frozen=True)
 class NotifierConfig:
     # Who gets the mail: the endpoint's owner_contact, else its workspace's, else smtp_to
-    # (dispatcher/notifier.py, docs/operations.md "Breaker notices").
+    # (dispatcher/engine/notifier.py, docs/operations.md "Breaker notices").
     kind: str = setting("log", _one_of("log", "smtp"),
                         "how endpoint owners hear that a breaker opened or closed again (Q3): log or smtp")
     smtp_host: str = setting("127.0.0.1", _text, "SMTP relay host, for kind: smtp")

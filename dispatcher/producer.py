@@ -1,7 +1,7 @@
 """The producer API: ``WebhookSender.send``, called where the synchronous send is called today.
 
 Which path an event takes is decided inside the one statement ``send`` runs
-(the rollout rule, ``dispatcher/rollout_rule.py``: the workspace's explicit
+(the rollout rule, ``dispatcher/rules/rollout.py``: the workspace's explicit
 ``webhook_outbox`` flag, then the exclude/include lists, then the percentage).
 
 Outbox on: the statement inserts the event and one ``pending`` delivery per
@@ -12,7 +12,7 @@ leaves nothing.
 Outbox off: exactly today's behaviour.  ``send`` itself makes one signed POST
 per subscribed endpoint, inline, before it returns, with a total deadline of
 ``producer.legacy_timeout`` (5 s) per POST, through the engine's transport and
-outbound policy (``dispatcher/legacy.py``).  The result is logged and
+outbound policy (``dispatcher/outbound/legacy.py``).  The result is logged and
 discarded; a delivery failure never raises.  With ``producer.shadow_writes``
 (rollout phase 0) the statement also writes ``mode='shadow'`` rows, which the
 dispatcher marks delivered without sending.
@@ -47,7 +47,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.store.producer import SendResult, send_event
 
 if TYPE_CHECKING:  # the transport module imports gevent: producers must not load it just by importing us
-    from dispatcher.transport import Transport
+    from dispatcher.outbound.transport import Transport
 
 log = logging.getLogger("dispatcher.producer")
 
@@ -147,7 +147,7 @@ class WebhookSender:
 
     def _legacy_transport(self) -> Transport:
         if self._transport is None:
-            from dispatcher.legacy import legacy_transport  # only flag-off producers pay for it
+            from dispatcher.outbound.legacy import legacy_transport  # only flag-off producers pay for it
 
             self._transport = legacy_transport(self._config)
         return self._transport

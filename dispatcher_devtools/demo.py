@@ -1,4 +1,4 @@
-"""``dispatcher -c config/local.yaml demo``: the whole system on one machine.
+"""``bin/dispatcher-demo -c config/local.yaml``: the whole system on one machine.
 
 Starts (or reuses) the configured database -- the embedded Postgres by
 default -- migrates it, starts the local mock receiver with five endpoints
@@ -10,20 +10,22 @@ progress every second until every deliverable row is delivered.  Rows for the
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dispatcher import store
-from dispatcher.config import DSN_ENV, Config
-from dispatcher.embedded import resolve_dsn
-from dispatcher.entry import run_command
-from dispatcher.exitcodes import ExitCode, UsageError
+from dispatcher.config import DSN_ENV, Config, load_config
 from dispatcher.producer import Event, WebhookSender
+from dispatcher.runtime.embedded import resolve_dsn
+from dispatcher.runtime.entry import run_command
+from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 
 WORKSPACE = "demo"
@@ -145,10 +147,25 @@ def _summary(conn: store.Connection, ids: dict[str, int], receiver: ReceiverProc
     return ExitCode.OK
 
 
-def demo_main(config: Config, events: int, rate: float) -> int:
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dispatcher-demo", description=__doc__.splitlines()[0].strip("`"))
+    parser.add_argument("-c", "--config", required=True, help="the dispatcher's YAML config (config/local.yaml)")
+    parser.add_argument("--events", type=int, default=2000, help="events to produce (default: %(default)s)")
+    parser.add_argument("--rate", type=float, default=200.0, help="events per second (default: %(default)s)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+
     def demo() -> int:
+        config = load_config(args.config)
         # The producer's statements run on the demo's own connection, untranslated.
         with store.translated():
-            return run_demo(config, events, rate)
+            return run_demo(config, args.events, args.rate)
 
-    return run_command(demo)
+    return run_command(demo, "dispatcher-demo", args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

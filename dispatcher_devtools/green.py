@@ -11,6 +11,6 @@ Importing it anywhere else (a library, pytest) would patch the importer, so
 library code must never import it.
 """
 
-from dispatcher.entry import patch_or_exit
+from dispatcher.runtime.entry import patch_or_exit
 
 patch_or_exit("dispatcher dev tool")  # the product's own preamble: written once

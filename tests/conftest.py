@@ -44,7 +44,7 @@ def pg_server_dsn() -> Iterator[str]:
     if dsn:
         yield dsn
         return
-    from dispatcher.embedded import start_embedded
+    from dispatcher.runtime.embedded import start_embedded
 
     data_dir = Path(os.environ.get("DISPATCHER_TEST_PGDATA", REPO / ".dispatcher" / "test-pgdata"))
     yield start_embedded(data_dir)

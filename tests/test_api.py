@@ -134,7 +134,7 @@ def assert_problem(result: falcon.testing.Result, status: int) -> dict[str, Any]
 
 
 def test_token_create_prints_the_token_once_and_stores_only_its_hash(db, world, write_config, capsys) -> None:
-    from dispatcher.cli import main
+    from dispatcher.cli.main import main
 
     world.workspace("acme")
     config = write_config(db)
@@ -866,14 +866,14 @@ def test_the_cli_serves_the_api_under_gevent_and_stops_cleanly_on_sigterm(world,
 
 def test_serve_main_exits_3_when_the_database_is_unreachable(write_config) -> None:
     config = write_config(NO_DATABASE, database={"dsn": NO_DATABASE.dsn, "connect_timeout": "1s"})
-    result = subprocess.run([sys.executable, "-m", "dispatcher.api.serve_main", "-c", str(config)], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "dispatcher.runtime.api_main", "-c", str(config)], cwd=REPO,
                             capture_output=True, text=True, timeout=30, env=_clean_env())
     assert result.returncode == 3, result.stderr
     assert "cannot connect" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_serve_main_refuses_an_unmigrated_database(empty_db, write_config) -> None:
-    result = subprocess.run([sys.executable, "-m", "dispatcher.api.serve_main", "-c", str(write_config(empty_db))],
+    result = subprocess.run([sys.executable, "-m", "dispatcher.runtime.api_main", "-c", str(write_config(empty_db))],
                             cwd=REPO, capture_output=True, text=True, timeout=30, env=_clean_env())
     assert result.returncode == 6, result.stderr
     assert "migrate" in result.stderr and "Traceback" not in result.stderr

@@ -1,4 +1,4 @@
-"""The breaker rule has one home (``dispatcher.breaker``); everything that must
+"""The breaker rule has one home (``dispatcher.rules.breaker``); everything that must
 agree with it is tested here against the same table of cases:
 
 * the pure rule: :meth:`BreakerPolicy.admits` and :meth:`BreakerPolicy.shown_state`;
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from dispatcher.api.app import create_app
 from dispatcher.api.auth import hash_token
-from dispatcher.breaker import CLOSED, BreakerBatch, BreakerPolicy, BreakerSignal, EndpointBreaker, Signal
 from dispatcher.config import load_config
+from dispatcher.rules.breaker import CLOSED, BreakerBatch, BreakerPolicy, BreakerSignal, EndpointBreaker, Signal
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher_devtools.kit import query, seed_workspace
 

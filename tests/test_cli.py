@@ -2,7 +2,7 @@
 
 Every failure must be one line on stderr naming the problem, never a
 traceback: 2 for usage and configuration errors, 3 for an unreachable
-database (dispatcher.exitcodes).
+database (dispatcher.runtime.exitcodes).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from dispatcher import __version__, store
 from dispatcher.config import DSN_ENV
-from dispatcher.exitcodes import ExitCode
+from dispatcher.runtime.exitcodes import ExitCode
 from dispatcher.signing import secret_key
 from tests.conftest import TestDatabase as Database
 
@@ -370,13 +370,17 @@ class TestEndpoint:
         assert db.query("SELECT url FROM webhook_endpoints WHERE id = %s", (endpoint_id,)) == [("http://127.0.0.1:9/x",)]
 
 
-# ---------------------------------------------------------------- the demo outside a checkout
+# ---------------------------------------------------------------- the demo is a dev tool, not a product verb
 
 
-def test_demo_without_the_dev_tools_is_a_usage_error(tmp_path: Path) -> None:
-    # An installed wheel has no dispatcher_devtools: None in sys.modules makes it unimportable.
-    script = ("import sys; sys.modules['dispatcher_devtools'] = None\n"
-              "from dispatcher.cli import main\n"
-              f"sys.exit(main(['-c', {str(REPO / 'config' / 'local.yaml')!r}, 'demo']))\n")
-    result = run([sys.executable, "-c", script], cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
-    assert_one_line_error(result, ExitCode.USAGE, "the demo needs a source checkout", "dispatcher_devtools")
+def test_the_product_cli_has_no_demo_verb(tmp_path: Path) -> None:
+    result = run([sys.executable, "-m", "dispatcher.cli", "-c", str(REPO / "config" / "local.yaml"), "demo"],
+                 cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    assert result.returncode == ExitCode.USAGE and "invalid choice: 'demo'" in result.stderr
+
+
+def test_the_demo_entry_point_rejects_a_bad_config(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = run([str(REPO / "bin" / "dispatcher-demo"), "-c", str(missing)], cwd=tmp_path,
+                 env={"PYTHONPATH": str(REPO)})
+    assert_one_line_error(result, ExitCode.CONFIG, "nope.yaml")

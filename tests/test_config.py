@@ -29,7 +29,7 @@ from dispatcher.config import (
     parse_duration,
     settings_markdown,
 )
-from dispatcher.policy import RetryPolicy
+from dispatcher.rules.retry import RetryPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = [REPO / "config" / "region.yaml", REPO / "config" / "local.yaml"]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from dispatcher.config import load_config
-from dispatcher.health import BacklogRule
+from dispatcher.rules.health import BacklogRule
 from tests.support.metricsdoc import EMITTERS, documented, documented_names
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from dispatcher.config import DSN_ENV, DatabaseConfig
-from dispatcher.embedded import EmbeddedUnavailable, resolve_dsn
+from dispatcher.runtime.embedded import EmbeddedUnavailable, resolve_dsn
 from tests.support.embedded import stop
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 RUN = r"""
 import json, sys
 from dispatcher import store
-from dispatcher.embedded import start_embedded
+from dispatcher.runtime.embedded import start_embedded
 
 dsn = start_embedded(sys.argv[1])
 conn = store.connect(dsn)
@@ -92,7 +92,7 @@ def test_resolve_dsn_passes_a_real_dsn_through() -> None:
 
 def test_missing_pgserver_is_a_clear_error(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['pgserver'] = None\n"
-            "from dispatcher.embedded import start_embedded\n"
+            "from dispatcher.runtime.embedded import start_embedded\n"
             f"start_embedded({str(tmp_path / 'pgdata')!r})\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=environment(), capture_output=True,
                             text=True, timeout=60)

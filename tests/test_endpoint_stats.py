@@ -13,12 +13,12 @@ import pytest
 
 from dispatcher.api import auth
 from dispatcher.api.app import create_app
-from dispatcher.breaker import BreakerSignal
 from dispatcher.config import load_config
-from dispatcher.delivery import DeliveryMaker
-from dispatcher.policy import Outcome, RetryPolicies, RetryPolicy, classify, terminal
+from dispatcher.engine.delivery import DeliveryMaker
+from dispatcher.rules.attempt import TransportResult
+from dispatcher.rules.breaker import BreakerSignal
+from dispatcher.rules.retry import Outcome, RetryPolicies, RetryPolicy, classify, terminal
 from dispatcher.store.engine import ClaimedRow
-from dispatcher.transport import TransportResult
 from tests import test_api
 from tests.test_api import World, assert_problem, bearer
 

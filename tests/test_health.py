@@ -1,4 +1,4 @@
-"""The health rules (dispatcher/health.py), and the two places that apply them:
+"""The health rules (dispatcher/rules/health.py), and the two places that apply them:
 the upkeep leader's backlog alert and ``dispatcher check``.  Both read the
 same query and judge with the same rule, so the same cases must give the
 same answer from each -- including the maintenance-window cases, where rows
@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from dispatcher.cli.status import check_main
 from dispatcher.config import config_from_mapping
-from dispatcher.health import BacklogFigures, BacklogRule, FleetFigures, FleetRule, Severity, judge
+from dispatcher.engine.upkeep import Upkeep
 from dispatcher.metrics import Metrics
-from dispatcher.status import check_main
+from dispatcher.rules.health import BacklogFigures, BacklogRule, FleetFigures, FleetRule, Severity, judge
 from dispatcher.store.engine import EngineStore, ManagedConnection
-from dispatcher.upkeep import Upkeep
 from dispatcher_devtools.kit import query, seed_workspace
 
 RULE = BacklogRule(rows=3, row_age=60.0, oldest_age=600.0)

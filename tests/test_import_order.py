@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-WORKER_MAIN = REPO / "dispatcher" / "worker_main.py"
-API_MAIN = REPO / "dispatcher" / "api" / "serve_main.py"
+WORKER_MAIN = REPO / "dispatcher" / "runtime" / "worker_main.py"
+API_MAIN = REPO / "dispatcher" / "runtime" / "api_main.py"
 
 # Modules whose unpatched import would give a green process blocking I/O.
 NETWORK = {"socket", "_socket", "ssl", "_ssl", "select", "selectors", "threading", "asyncio",
@@ -180,11 +180,11 @@ def harmless_import(tmp_path: Path, module: str) -> set[str]:
 def parent_packages(tmp_path: Path, entry_point: str) -> set[str]:
     """What the green entry point may import before it has patched: its parent
     packages (Python imports them before the entry point's first line) and
-    ``dispatcher.entry``, the one module that holds the patch call.  Both must
+    ``dispatcher.runtime.entry``, the one module that holds the patch call.  Both must
     load nothing that matters."""
     parents = entry_point.split(".")[:-1]
     loaded = harmless_import(tmp_path, ".".join(parents)) if parents else set()
-    return loaded | harmless_import(tmp_path, "dispatcher.entry") | {"dispatcher.entry"}
+    return loaded | harmless_import(tmp_path, "dispatcher.runtime.entry") | {"dispatcher.runtime.entry"}
 
 
 def assert_patched_first(result: Probe, allowed: set[str], entry_point: str) -> None:
@@ -213,20 +213,20 @@ def without_psycopg_patch(source: str) -> str:
 
 class TestWorkerEntryPoint:
     def test_patches_before_anything_else(self, tmp_path: Path, allowed_before_patching: set[str]) -> None:
-        result = probe(tmp_path, "dispatcher.worker_main")
-        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
-        assert_patched_first(result, allowed, "dispatcher.worker_main")
+        result = probe(tmp_path, "dispatcher.runtime.worker_main")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.runtime.worker_main")
+        assert_patched_first(result, allowed, "dispatcher.runtime.worker_main")
         # ... and the worker really goes on to import the rest, all of it patched.
         assert {"dispatcher.config", "psycopg2", "yaml"} <= result.newly_loaded()
 
     def test_network_modules_seen_afterwards_are_gevent_versions(self, tmp_path: Path) -> None:
-        result = probe(tmp_path, "dispatcher.worker_main", "socket", "ssl", "threading", "gevent.socket",
+        result = probe(tmp_path, "dispatcher.runtime.worker_main", "socket", "ssl", "threading", "gevent.socket",
                        "gevent.ssl", "gevent.threading")
         assert result.checks["socket"] and result.checks["ssl"] and result.checks["threading"]
 
     def test_the_worker_module_can_start(self) -> None:
         # Importing is not running: the entry point's own argument parsing works too.
-        result = subprocess.run([sys.executable, "-m", "dispatcher.worker_main", "--help"], cwd=REPO,
+        result = subprocess.run([sys.executable, "-m", "dispatcher.runtime.worker_main", "--help"], cwd=REPO,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert "--owner" in result.stdout
@@ -243,7 +243,7 @@ class TestWorkerEntryPoint:
         (tmp_path / "broken_worker_main.py").write_text(broken, encoding="utf-8")
         # Caught by the import record, or (urllib3 keeps references to ssl) by
         # gevent's own MonkeyPatchWarning, which the probe makes fatal.
-        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.runtime.worker_main")
         with pytest.raises(AssertionError, match="before gevent and psycogreen have patched|MonkeyPatchWarning"):
             assert_patched_first(probe(tmp_path, "broken_worker_main"), allowed, "broken_worker_main")
 
@@ -255,7 +255,7 @@ class TestWorkerEntryPoint:
         (tmp_path / "late_worker_main.py").write_text(broken, encoding="utf-8")
         result = probe(tmp_path, "late_worker_main")
         assert result.checks["psycopg_wait_callback"] is not None  # patched, but too late
-        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.runtime.worker_main")
         with pytest.raises(AssertionError, match="before gevent and psycogreen have patched"):
             assert_patched_first(result, allowed, "late_worker_main")
 
@@ -264,7 +264,7 @@ class TestWorkerEntryPoint:
         broken = without_psycopg_patch(WORKER_MAIN.read_text(encoding="utf-8"))
         (tmp_path / "unpatched_worker_main.py").write_text(broken, encoding="utf-8")
         result = probe(tmp_path, "unpatched_worker_main")
-        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.worker_main")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.runtime.worker_main")
         with pytest.raises(AssertionError):
             assert_patched_first(result, allowed, "unpatched_worker_main")
 
@@ -278,10 +278,10 @@ class TestWorkerEntryPoint:
 class TestApiEntryPoint:
     def test_patches_before_anything_else(self, tmp_path: Path, allowed_before_patching: set[str]) -> None:
         if not API_MAIN.exists():
-            pytest.skip("dispatcher/api/serve_main.py does not exist yet (the API issue adds it)")
-        result = probe(tmp_path, "dispatcher.api.serve_main")
-        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.api.serve_main")
-        assert_patched_first(result, allowed, "dispatcher.api.serve_main")
+            pytest.skip("dispatcher/runtime/api_main.py does not exist yet (the API issue adds it)")
+        result = probe(tmp_path, "dispatcher.runtime.api_main")
+        allowed = allowed_before_patching | parent_packages(tmp_path, "dispatcher.runtime.api_main")
+        assert_patched_first(result, allowed, "dispatcher.runtime.api_main")
         assert "dispatcher.api.app" in result.newly_loaded()
 
 

@@ -1,4 +1,4 @@
-"""The per-endpoint limits have one home (``dispatcher.limits.EndpointLimits``);
+"""The per-endpoint limits have one home (``dispatcher.rules.limits.EndpointLimits``);
 everything that must agree with it is tested here against the same table of cases:
 
 * the pure rule: ``room`` and ``after``;
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dispatcher.limits import EndpointLimits, slot_hold
+from dispatcher.rules.limits import EndpointLimits, slot_hold
 from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
 from dispatcher_devtools.kit import query, seed_workspace
 

@@ -20,9 +20,9 @@ import pytest
 
 from dispatcher import Event, WebhookSender
 from dispatcher.config import config_from_mapping
+from dispatcher.engine.upkeep import Upkeep
 from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore, ManagedConnection
-from dispatcher.upkeep import Upkeep
 from dispatcher_devtools.kit import Dispatcher, produce, query, seed_workspace, wait_until
 from tests.support.metricsdoc import EMITTERS, Row, documented
 

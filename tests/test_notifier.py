@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from dispatcher.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, Signal
 from dispatcher.config import Config, ConfigError, config_from_mapping
 from dispatcher.contacts import InvalidContact, check_email
-from dispatcher.notifier import MailRetry, OwnerNotices, recipient, same_target
+from dispatcher.engine.notifier import MailRetry, OwnerNotices, recipient, same_target
+from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, Signal
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.store.notices import NoticeStore
 from dispatcher_devtools.kit import config_for_test, produce, seed_workspace, write_config

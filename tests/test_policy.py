@@ -1,4 +1,4 @@
-"""Unit and property tests for dispatcher.policy, the pure retry/breaker decisions.
+"""Unit and property tests for dispatcher.rules.retry, the pure retry/breaker decisions.
 
 No database, no network, no clock: every input is passed explicitly.
 """
@@ -18,9 +18,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from dispatcher import policy as policy_module
-from dispatcher.breaker import CLOSED, BreakerPolicy, BreakerSignal, EndpointBreaker
-from dispatcher.policy import (
+from dispatcher.rules import retry as policy_module
+from dispatcher.rules.attempt import ErrorClass, TransportResult
+from dispatcher.rules.breaker import CLOSED, BreakerPolicy, BreakerSignal, EndpointBreaker
+from dispatcher.rules.retry import (
     DEFAULT_POLICIES,
     DEFAULT_POLICY,
     ERROR_TEXT_LIMIT,
@@ -35,7 +36,6 @@ from dispatcher.policy import (
     schedule_markdown,
     terminal,
 )
-from dispatcher.transport import ErrorClass, TransportResult
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "retry-schedule.md"
@@ -586,7 +586,7 @@ class TestTransitions:
 
 
 def _generated_block(text: str) -> str:
-    start, end = "<!-- BEGIN GENERATED: python -m dispatcher.policy -->", "<!-- END GENERATED -->"
+    start, end = "<!-- BEGIN GENERATED: python -m dispatcher.rules.retry -->", "<!-- END GENERATED -->"
     assert start in text and end in text, "docs/retry-schedule.md lost its generated-block markers"
     return text.split(start, 1)[1].split(end, 1)[0].strip()
 
@@ -594,19 +594,19 @@ def _generated_block(text: str) -> str:
 class TestDocs:
     def test_doc_matches_the_code(self) -> None:
         assert _generated_block(DOC.read_text(encoding="utf-8")) == schedule_markdown().strip(), (
-            "docs/retry-schedule.md is stale: paste the output of `python -m dispatcher.policy`"
+            "docs/retry-schedule.md is stale: paste the output of `python -m dispatcher.rules.retry`"
         )
 
     def test_module_prints_the_generated_block(self) -> None:
         out = subprocess.run(
-            [sys.executable, "-m", "dispatcher.policy"], cwd=REPO, capture_output=True, text=True, check=True
+            [sys.executable, "-m", "dispatcher.rules.retry"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout
         assert out.strip() == schedule_markdown().strip()
 
     def test_importing_policy_does_not_load_the_network_stack(self) -> None:
         # The worker monkey-patches socket/ssl with gevent first; a pure module
         # that dragged them in could be imported too early by accident.
-        code = "import sys, dispatcher.policy; print(sorted({'gevent', 'ssl', 'urllib3'} & set(sys.modules)))"
+        code = "import sys, dispatcher.rules.retry; print(sorted({'gevent', 'ssl', 'urllib3'} & set(sys.modules)))"
         out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == "[]"
 

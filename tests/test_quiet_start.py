@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dispatcher.embedded import LOG_NAME
+from dispatcher.runtime.embedded import LOG_NAME
 
 REPO = Path(__file__).resolve().parent.parent
 

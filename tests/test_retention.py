@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dispatcher.config import config_from_mapping
+from dispatcher.engine.upkeep import Upkeep
 from dispatcher.metrics import Metrics
 from dispatcher.store.engine import EngineStore, ManagedConnection
-from dispatcher.upkeep import Upkeep
 from dispatcher_devtools.kit import query, seed_workspace
 
 ROWS = [  # (status, created days ago, expected to survive)

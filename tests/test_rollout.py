@@ -19,9 +19,9 @@ import pytest
 from dispatcher import Event, WebhookSender, load_config
 from dispatcher.api import auth
 from dispatcher.api.app import create_app
-from dispatcher.exitcodes import ExitCode
-from dispatcher.rollout import rank_lines
-from dispatcher.rollout_rule import bucket, outbox_on
+from dispatcher.cli.rollout import rank_lines
+from dispatcher.rules.rollout import bucket, outbox_on
+from dispatcher.runtime.exitcodes import ExitCode
 from tests.conftest import TestDatabase as Database
 from tests.test_cli import UNREACHABLE_DSN, assert_one_line_error, cli
 
@@ -169,7 +169,7 @@ class TestRank:
         '{"message": "legacy webhook workspace_id=b endpoint_id=2 event_id=e3 status=timeout duration_ms=5000"}',
         "2026-12-02 INFO dispatcher.producer legacy webhook workspace_id=a endpoint_id=3 event_id=e4 status=204 "
         "duration_ms=5",
-        "2026-12-02 INFO dispatcher.worker attempt event_id=e5 endpoint_id=9 status=dead duration_ms=5",
+        "2026-12-02 INFO dispatcher.engine.worker attempt event_id=e5 endpoint_id=9 status=dead duration_ms=5",
     ]
 
     def test_worst_first(self) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from dispatcher.api import auth
-from dispatcher.breaker import BreakerPolicy, EndpointBreaker
-from dispatcher.cli import main
-from dispatcher.policy import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED
+from dispatcher.cli.main import main
 from dispatcher.redact import mask_url
+from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
+from dispatcher.rules.retry import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED
 from dispatcher.signing import secret_key
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from tests import test_api

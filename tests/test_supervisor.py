@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from dispatcher.exitcodes import ExitCode
+from dispatcher.runtime.exitcodes import ExitCode
 from dispatcher_devtools.kit import (
     REPO,
     SECRET,

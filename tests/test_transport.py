@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.transport import _PoolCache, make_transport
+from dispatcher.outbound.transport import _PoolCache, make_transport
 from tests.support import KINDS, LoopbackServer, Peer, Request, post, post_green, responder, response
 
 pytestmark = pytest.mark.timeout(60)
@@ -272,7 +272,7 @@ def test_an_extra_ca_file_is_trusted_in_addition_to_the_system_store(kind: str, 
 
     import trustme
 
-    from dispatcher.netguard import OutboundPolicy
+    from dispatcher.outbound.netguard import OutboundPolicy
 
     bundle = tmp_path / "ca.pem"
     trustme.CA().cert_pem.write_to_path(str(bundle))

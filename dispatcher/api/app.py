@@ -23,7 +23,6 @@ import falcon.media
 
 from dispatcher.api import auth, problems
 from dispatcher.api.pool import ConnectionPool, ReadRoute
-from dispatcher.api.replay_budget import ReplayBudget
 from dispatcher.api.resources import (
     ApiContext,
     AuditLog,
@@ -45,7 +44,8 @@ from dispatcher.api.resources import (
     WorkspaceSettings,
 )
 from dispatcher.config import Config
-from dispatcher.netguard import OutboundPolicy
+from dispatcher.outbound.netguard import OutboundPolicy
+from dispatcher.rules.replay_budget import ReplayBudget
 
 ROUTES: tuple[tuple[str, type], ...] = (
     ("/healthz", Health),

@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dispatcher import store
-from dispatcher.exitcodes import UsageError
 from dispatcher.store import api_data
 
 READ = "webhooks:read"
@@ -62,15 +61,19 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+class InvalidTokenRequest(ValueError):
+    """A token was asked for with unknown scopes or a lifetime that is not positive."""
+
+
 def create_token(conn: store.Connection, workspace: str, scopes: Sequence[str],
                  expires_in: float | None = None) -> str:
     """Store a new token's hash for ``workspace`` and return the token (shown once).
     ``expires_in``: seconds until it stops working (None: never)."""
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
-        raise UsageError(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; use {', '.join(SCOPES)}")
+        raise InvalidTokenRequest(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; use {', '.join(SCOPES)}")
     if expires_in is not None and not expires_in > 0:
-        raise UsageError("a token's lifetime must be positive")
+        raise InvalidTokenRequest("a token's lifetime must be positive")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     api_data.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)), token[:PREFIX_CHARS], expires_in)
     return token

@@ -17,7 +17,7 @@ import falcon
 
 from dispatcher.api.problems import Problem, bad_request, not_found
 from dispatcher.contacts import InvalidContact, check_email
-from dispatcher.netguard import MAX_URL_LENGTH as MAX_URL_CHARS
+from dispatcher.outbound.netguard import MAX_URL_LENGTH as MAX_URL_CHARS
 
 MAX_ID = 2**63 - 1  # bigint
 MAX_EVENT_ID_CHARS = 255

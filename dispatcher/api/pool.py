@@ -12,7 +12,7 @@ down and serve 503 until it comes back.  A connection that fails with an
 operational error is discarded, and so is every idle one (a restart of the
 server kills them all; better one failed request than one per connection).
 
-``bound(seconds)``, when given (``serve_main`` passes ``dispatcher.green_deadline.database_bound``),
+``bound(seconds)``, when given (``serve_main`` passes ``dispatcher.runtime.deadline.database_bound``),
 limits a request's whole use of its connection, opening it included, to
 ``deadline`` seconds (``database.statement_deadline``): the server's
 ``statement_timeout`` ends slow queries, but a frozen primary or a host gone

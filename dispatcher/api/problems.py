@@ -18,8 +18,7 @@ import falcon
 
 from dispatcher import store
 from dispatcher.api import pool
-from dispatcher.api.replay_budget import ReplayLimited
-from dispatcher.store import api_data
+from dispatcher.store import ReplayLimited, api_data
 
 log = logging.getLogger("dispatcher.api")
 

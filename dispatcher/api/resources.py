@@ -23,11 +23,11 @@ from dispatcher import store
 from dispatcher.api import auth, params
 from dispatcher.api.pool import ConnectionPool, ReadRoute
 from dispatcher.api.problems import Problem, bad_request, not_found, unprocessable
-from dispatcher.api.replay_budget import ReplayBudget
-from dispatcher.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.config import ApiConfig
-from dispatcher.netguard import OutboundPolicy, registration_refusal
+from dispatcher.outbound.netguard import OutboundPolicy, registration_refusal
 from dispatcher.redact import mask_url
+from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
+from dispatcher.rules.replay_budget import ReplayBudget
 from dispatcher.signing import new_secret
 from dispatcher.store import Connection, api_data
 

@@ -259,7 +259,7 @@ UPDATE endpoint_state s
        consecutive_failures = v.failures,
        open_until = to_timestamp(v.open_until),
        opened_at = CASE WHEN v.state = 'open' AND s.state <> 'open' THEN now() ELSE s.opened_at END,
-       -- a new open episode (breaker notices are keyed by it: dispatcher/notifier.py)
+       -- a new open episode (breaker notices are keyed by it: dispatcher/engine/notifier.py)
        open_episode = CASE WHEN v.state = 'open' AND s.state = 'closed' THEN s.open_episode + 1
                            ELSE s.open_episode END,
        last_success_at = CASE WHEN v.succeeded THEN now() ELSE s.last_success_at END,
@@ -339,7 +339,7 @@ ON CONFLICT (region) DO UPDATE SET owner = EXCLUDED.owner, until = EXCLUDED.unti
 RETURNING l.owner;
 
 -- name: engine_backlog
--- The figures of the backlog rule (dispatcher/health.py BacklogRule), read by
+-- The figures of the backlog rule (dispatcher/rules/health.py BacklogRule), read by
 -- both the upkeep leader's alert and `dispatcher check`, so the two agree.
 -- Only endpoints whose breaker is closed count toward the backlog: rows behind
 -- an open or half-open breaker wait by design (a customer's maintenance

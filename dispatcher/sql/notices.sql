@@ -1,6 +1,6 @@
 -- Breaker notices to endpoint owners (issue 12 item 4, decisions Q3), executed
 -- only by dispatcher/store/notices.py.  The rule of who hears what lives in
--- dispatcher/notifier.py; these queries keep one notice per endpoint, open
+-- dispatcher/engine/notifier.py; these queries keep one notice per endpoint, open
 -- episode and kind, whichever process finds it first.
 
 -- name: notices_discover

@@ -30,7 +30,7 @@ DELETE FROM dispatcher_processes WHERE heartbeat_at < now() - interval '1 day';
 SELECT set_config('statement_timeout', %(ms)s, false);
 
 -- name: operations_fleet
--- The fleet figures of the health rule (dispatcher/health.py FleetFigures).
+-- The fleet figures of the health rule (dispatcher/rules/health.py FleetFigures).
 SELECT extract(epoch FROM now() - max(heartbeat_at))::float8 AS heartbeat_age,
        count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %(alive_within)s)) AS workers_alive,
        extract(epoch FROM now() - max(leader_at))::float8 AS leader_age

@@ -27,6 +27,7 @@ from dispatcher.store.errors import (
     NotFound,
     QueryRejected,
     QueryTimeout,
+    ReplayLimited,
     SchemaOutdated,
     StoreError,
     is_check_violation,
@@ -38,8 +39,8 @@ Connection = psycopg2.extensions.connection
 
 __all__ = [
     "QUERIES", "Audit", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
-    "QueryTimeout", "SchemaOutdated", "StoreError", "connect", "connect_each", "query_rows", "run_query",
-    "transaction", "translated",
+    "QueryTimeout", "ReplayLimited", "SchemaOutdated", "StoreError", "connect", "connect_each", "query_rows",
+    "run_query", "transaction", "translated",
 ]
 
 

@@ -13,14 +13,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dispatcher.policy import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED, RETRYABLE_ERRORS
+from dispatcher.rules.replay_budget import ReplayBudget, Spent
+from dispatcher.rules.retry import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED, RETRYABLE_ERRORS
 from dispatcher.store import (
     Audit,
     Connection,
     NotFound,
     QueryRejected,
+    ReplayLimited,
     StoreError,
     audit,
     limit_or,
@@ -28,10 +30,6 @@ from dispatcher.store import (
     run_query,
     transaction,
 )
-
-if TYPE_CHECKING:
-    # The budget is the API layer's policy; this module only executes it.
-    from dispatcher.api.replay_budget import ReplayBudget
 
 DELIVERY_COLUMNS = (
     "id", "event_id", "event_type", "endpoint_id", "status", "attempt", "mode", "payload_hash",
@@ -195,8 +193,6 @@ def _charge(conn: Connection, workspace_id: str, units: int, budget: ReplayBudge
     before anything is written: a refused request then writes nothing, and
     a spend commits or rolls back together with the rows it paid for.
     """
-    from dispatcher.api.replay_budget import Spent
-
     window = [Spent(int(r["units"]), float(r["expires_in"]))
               for r in query_rows(conn, "api_replay_window", {"workspace_id": workspace_id})]
     refusal = budget.refusal(window, units)
@@ -206,7 +202,7 @@ def _charge(conn: Connection, workspace_id: str, units: int, budget: ReplayBudge
                   for r in query_rows(conn, "api_region_replay_window")]
         refusal = budget.region_refusal(region, units)
     if refusal is not None:
-        raise refusal
+        raise ReplayLimited(refusal.message, refusal.retry_after)
     run_query(conn, "api_replay_spend", {"workspace_id": workspace_id, "units": units})
 
 

@@ -21,9 +21,9 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from dispatcher.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
-from dispatcher.health import BacklogFigures, BacklogRule
 from dispatcher.redact import storable
+from dispatcher.rules.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
+from dispatcher.rules.health import BacklogFigures, BacklogRule
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each
 from dispatcher.store.errors import translate

@@ -48,6 +48,14 @@ class LimitReached(StoreError):
     """A database-enforced limit refused the write."""
 
 
+class ReplayLimited(LimitReached):
+    """The workspace's (or the region's) hourly replay budget would be exceeded (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # None: the request can never fit
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.health import BacklogFigures, BacklogRule, FleetFigures
+from dispatcher.rules.health import BacklogFigures, BacklogRule, FleetFigures
 from dispatcher.store import QUERIES, Connection, query_rows, transaction
 from dispatcher.store.engine import ManagedConnection, backlog_figures
 

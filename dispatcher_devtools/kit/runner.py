@@ -108,6 +108,6 @@ def _orphans(supervisor_pid: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info.get("cmdline") or []
-        if "dispatcher.worker_main" in cmdline and any(f":{supervisor_pid}:" in part for part in cmdline):
+        if "dispatcher.runtime.worker_main" in cmdline and any(f":{supervisor_pid}:" in part for part in cmdline):
             found.append(proc)
     return found

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.upkeep import LEASE_FLOOR
+from dispatcher.engine.upkeep import LEASE_FLOOR
 from dispatcher_devtools.kit import (
     Dispatcher,
     ReplicationPair,

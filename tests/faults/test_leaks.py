@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dispatcher.config import ConfigError, config_from_mapping
-from dispatcher.netguard import BlockedURL, OutboundPolicy, check_registration_url, parse_target
-from dispatcher.transport import GeventHttpClientTransport, Urllib3Transport
+from dispatcher.outbound.netguard import BlockedURL, OutboundPolicy, check_registration_url, parse_target
+from dispatcher.outbound.transport import GeventHttpClientTransport, Urllib3Transport
 
 OPEN = OutboundPolicy(require_https=False, allow_private_networks=True)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.netguard import (
+from dispatcher.outbound.netguard import (
     BlockedURL,
     DnsError,
     InvalidURL,

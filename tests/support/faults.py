@@ -123,7 +123,7 @@ def create_token(config: Path, workspace: str, scope: str = "webhooks:read,webho
 
 
 class ApiServer:
-    """``python -m dispatcher.api.serve_main -c CONFIG`` (``api.listen`` port 0) as a subprocess."""
+    """``python -m dispatcher.runtime.api_main -c CONFIG`` (``api.listen`` port 0) as a subprocess."""
 
     def __init__(self, config: Path) -> None:
         self.config = config
@@ -132,7 +132,7 @@ class ApiServer:
         self.process: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> ApiServer:
-        self.process = subprocess.Popen([sys.executable, "-m", "dispatcher.api.serve_main", "-c", str(self.config)],
+        self.process = subprocess.Popen([sys.executable, "-m", "dispatcher.runtime.api_main", "-c", str(self.config)],
                                         cwd=REPO, env=_clean_env(), stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True, start_new_session=True)
         ready = threading.Event()
@@ -183,7 +183,7 @@ class ApiServer:
 
 def run_poison_worker(config: str, dsn: str, poison_event_id: str, secret: str, expect_finished: int,
                       more_events: int, workspace: str, timeout: float = 20.0) -> dict[str, Any]:
-    """``green.py`` target: run a real :class:`dispatcher.worker.Worker` (claim loop,
+    """``green.py`` target: run a real :class:`dispatcher.engine.worker.Worker` (claim loop,
     lanes, flusher) whose transport *raises* for one event, inside this patched process.
 
     Once the first ``expect_finished`` rows have all left ``pending``, ``more_events``
@@ -197,9 +197,9 @@ def run_poison_worker(config: str, dsn: str, poison_event_id: str, secret: str, 
     import gevent
 
     from dispatcher.config import load_config
-    from dispatcher.delivery import DeliveryMaker, build_transport
+    from dispatcher.engine.delivery import DeliveryMaker, build_transport
+    from dispatcher.engine.worker import Worker
     from dispatcher.producer import Event, WebhookSender
-    from dispatcher.worker import Worker
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

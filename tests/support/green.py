@@ -74,7 +74,7 @@ class LoopbackOnlyDialer:
         self.dials: list[list[Any]] = []
 
     def __call__(self, ip: str, port: int, timeout: float) -> socket.socket:
-        from dispatcher.transport import tcp_dial
+        from dispatcher.outbound.transport import tcp_dial
 
         self.dials.append([ip, port])
         dest_ip, dest_port = self._redirect.get(ip, (ip, port))
@@ -106,8 +106,8 @@ def post_scenario(
     dict) and make the given posts (``url``, optional ``headers`` and ``body_b64``)."""
     import gevent.pool
 
-    from dispatcher.netguard import OutboundPolicy
-    from dispatcher.transport import make_transport
+    from dispatcher.outbound.netguard import OutboundPolicy
+    from dispatcher.outbound.transport import make_transport
 
     resolver = StubResolver(dns or {})
     dialer = LoopbackOnlyDialer(redirect or {})
@@ -138,8 +138,8 @@ def bench(kind: str, url: str, seconds: float = 3.0, concurrency: int = 32, body
     """Micro-benchmark (not a test): ``concurrency`` greenlets posting to ``url`` for ``seconds``."""
     import gevent
 
-    from dispatcher.netguard import OutboundPolicy
-    from dispatcher.transport import make_transport
+    from dispatcher.outbound.netguard import OutboundPolicy
+    from dispatcher.outbound.transport import make_transport
 
     loopback = (ipaddress.ip_network("127.0.0.0/8"),)
     policy = OutboundPolicy(require_https=False, allow_private_networks=False, allow_networks=loopback)

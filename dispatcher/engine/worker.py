@@ -10,11 +10,11 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
   greenlet costs more to make than to wake);
 * the flusher writes finished attempts in batches (one statement per flush)
   and updates the breakers;
-* upkeep (one process per region, by a lease row: ``dispatcher.upkeep``) evaluates backlog alerts,
+* upkeep (one process per region, by a lease row: ``dispatcher.engine.upkeep``) evaluates backlog alerts,
   publishes the breaker gauges, sweeps rows that expire while a breaker is
   open, and prunes finished rows and attempt history past their retention
-  (decisions Q2; ``dispatcher.upkeep``);
-* breaker notices (``dispatcher.notifier``) tell endpoint owners that a
+  (decisions Q2; ``dispatcher.engine.upkeep``);
+* breaker notices (``dispatcher.engine.notifier``) tell endpoint owners that a
   breaker opened or closed again, on a connection of their own: woken by this
   process's transitions, and every check_interval on the upkeep leader;
 * the heartbeat proves to the supervisor that the hub is not stuck;
@@ -40,19 +40,19 @@ import gevent
 import gevent.event
 import gevent.hub
 
-from dispatcher.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
 from dispatcher.config import Config
-from dispatcher.delivery import Attempt, DeliveryMaker
-from dispatcher.green_deadline import database_bound
+from dispatcher.engine.delivery import Attempt, DeliveryMaker
+from dispatcher.engine.notifier import OwnerNotices
 from dispatcher.metrics import Metrics
-from dispatcher.notifier import OwnerNotices
+from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
+from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection
 from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
 
 if TYPE_CHECKING:
-    from dispatcher.upkeep import Upkeep
+    from dispatcher.engine.upkeep import Upkeep
 
 log = logging.getLogger("dispatcher.worker")
 attempt_log = logging.getLogger("dispatcher.attempt")
@@ -344,7 +344,7 @@ class Worker:
                     write.breaker.consecutive_failures, write.breaker.open_until)
         self._metrics.breaker(write.endpoint_id, write.breaker.state)
         if transition in ("opened", "closed"):
-            self._notice_due.set()  # decisions Q3: the owner hears of it (dispatcher.notifier)
+            self._notice_due.set()  # decisions Q3: the owner hears of it (dispatcher.engine.notifier)
 
     # -- shutdown ----------------------------------------------------------
 
@@ -375,7 +375,7 @@ class Worker:
     # -- upkeep and heartbeat ----------------------------------------------
 
     def _upkeep_loop(self) -> None:
-        from dispatcher.upkeep import Upkeep
+        from dispatcher.engine.upkeep import Upkeep
 
         upkeep = Upkeep(self.config, self._upkeep, self._metrics, self._leader_presence, owner=self.owner)
         self._upkeep_runner = upkeep
@@ -389,7 +389,7 @@ class Worker:
                 log.error("upkeep step refused by the database, retried next round: %s", exc)
 
     def _notice_loop(self) -> None:
-        """Breaker notices (``dispatcher.notifier``), off the delivery path: a round
+        """Breaker notices (``dispatcher.engine.notifier``), off the delivery path: a round
         when a breaker of this process opened or closed, and every check_interval
         on the upkeep leader (retries, and what a process that died did not send).
         Nothing here may end the loop or reach delivery."""

@@ -46,7 +46,7 @@ import gevent
 from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 
-from dispatcher.netguard import DnsError
+from dispatcher.outbound.netguard import DnsError
 
 log = logging.getLogger(__name__)
 

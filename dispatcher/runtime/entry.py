@@ -7,7 +7,7 @@
 * :func:`check_schema` -- the boot check that the database is reachable and
   migrated, shared by the supervisor and the API server.
 
-``UsageError`` (bad command-line input, exit 2) lives in ``dispatcher.exitcodes``
+``UsageError`` (bad command-line input, exit 2) lives in ``dispatcher.runtime.exitcodes``
 beside the codes: see there why it is not in ``dispatcher.cli``.
 
 This module must be importable before the patch: at import time it loads
@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from dispatcher.exitcodes import ExitCode, UsageError
+from dispatcher.runtime.exitcodes import ExitCode, UsageError
 
 __all__ = ["check_schema", "exit_code_for", "patch_or_exit", "run_command"]
 
@@ -50,7 +50,7 @@ def exit_code_for(exc: BaseException, config_path: str | None = None) -> tuple[E
     for an error nobody expected (a bug: let it show its traceback)."""
     from dispatcher import store
     from dispatcher.config import ConfigError
-    from dispatcher.embedded import EmbeddedUnavailable
+    from dispatcher.runtime.embedded import EmbeddedUnavailable
 
     if isinstance(exc, ConfigError):
         return ExitCode.CONFIG, f"config error ({config_path}): {exc}" if config_path else f"config error: {exc}"

@@ -30,8 +30,8 @@ import time
 from typing import Any
 
 from dispatcher.config import Config
-from dispatcher.netguard import OutboundPolicy
-from dispatcher.transport import Transport, Urllib3Transport, tcp_dial
+from dispatcher.outbound.netguard import OutboundPolicy
+from dispatcher.outbound.transport import Transport, Urllib3Transport, tcp_dial
 
 _state = threading.local()
 

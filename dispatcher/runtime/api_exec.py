@@ -3,7 +3,7 @@
 gevent must monkey-patch before anything imports ``socket``, ``ssl`` or
 ``threading``, and the CLI has already imported plenty.  So the command does
 not serve from this process: it ``exec``s a fresh interpreter running
-``dispatcher.api.serve_main``, whose first statements patch.  ``exec`` (not a
+``dispatcher.runtime.api_main``, whose first statements patch.  ``exec`` (not a
 child process) keeps the pid, so the caller's SIGTERM reaches the server.
 """
 
@@ -16,7 +16,7 @@ from dispatcher.config import Config
 
 
 def serve_argv(config: Config) -> list[str]:
-    return [sys.executable, "-m", "dispatcher.api.serve_main", "-c", config.source]
+    return [sys.executable, "-m", "dispatcher.runtime.api_main", "-c", config.source]
 
 
 def exec_api(config: Config) -> int:

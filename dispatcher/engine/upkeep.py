@@ -6,7 +6,7 @@ the supervisor releases a dead worker's claims) stamps its heartbeat row as
 the leader's (``dispatcher status`` shows it, ``dispatcher check`` warns when
 no leader ran a round lately), publishes the live-worker gauge, evaluates the
 backlog alert by the rule ``dispatcher check`` uses too
-(``dispatcher.health.BacklogRule``), publishes the breaker gauges, sweeps
+(``dispatcher.rules.health.BacklogRule``), publishes the breaker gauges, sweeps
 rows whose retry window ran out while
 their endpoint's breaker was open (claims skip those rows, so nothing else
 would ever end them), and applies retention (decisions Q2): dead and failed

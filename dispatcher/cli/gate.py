@@ -17,8 +17,8 @@ from typing import Any
 
 from dispatcher import store
 from dispatcher.config import Config
-from dispatcher.embedded import resolve_dsn
-from dispatcher.exitcodes import ExitCode, UsageError
+from dispatcher.runtime.embedded import resolve_dsn
+from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.store.rollout import gate_figures
 
 PHASE0_BACKLOG_P99_S = 5.0

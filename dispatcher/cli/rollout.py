@@ -3,7 +3,7 @@
 * ``status``: the percentage, the explicit lists, how many workspaces are on
   the outbox and why, and the rows still draining;
 * ``set --percent P``: a workspace is in when ``rollout_bucket(id) < P``
-  (dispatcher/rollout_rule.py), so raising P only ever adds workspaces;
+  (dispatcher/rules/rollout.py), so raising P only ever adds workspaces;
 * ``include W...`` / ``exclude W...`` / ``unlist W...``: the explicit lists;
 * ``workspace flag --id W webhook_outbox=on|off|default``: the per-workspace
   override (``default`` removes it); an unknown id fails, nothing is created;
@@ -27,8 +27,8 @@ from typing import Any
 
 from dispatcher import store
 from dispatcher.config import Config
-from dispatcher.embedded import resolve_dsn
-from dispatcher.exitcodes import ExitCode, UsageError
+from dispatcher.runtime.embedded import resolve_dsn
+from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.store import rollout as rollout_store
 
 _LEGACY_LINE = "legacy webhook "

@@ -19,7 +19,7 @@ from typing import Any
 from dispatcher import store
 from dispatcher.config import Config, ConfigError, parse_duration
 from dispatcher.contacts import InvalidContact, check_email
-from dispatcher.exitcodes import ExitCode, UsageError
+from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.signing import new_secret
 from dispatcher.store import api_data
 

@@ -6,7 +6,7 @@ the same whether the fleet is healthy, stuck or gone:
 * ``status`` -- one screen (fits 100 columns) or ``--json`` (a stable,
   versioned document, docs/operations.md);
 * ``check`` -- a probe for external monitoring with Nagios exit codes, judged
-  by the rules of ``dispatcher.health`` (the upkeep leader's alert uses the
+  by the rules of ``dispatcher.rules.health`` (the upkeep leader's alert uses the
   same backlog rule on the same query).  Any failure to evaluate -- bad
   config, database unreachable, a bug -- is UNKNOWN (3) on one line, never a
   traceback, so the monitoring system never mistakes a broken probe for a verdict.
@@ -21,8 +21,8 @@ from typing import Any
 
 from dispatcher import store
 from dispatcher.config import Config, load_config
-from dispatcher.embedded import resolve_dsn
-from dispatcher.health import BacklogFigures, FleetFigures, Severity, Verdict, judge
+from dispatcher.rules.health import BacklogFigures, FleetFigures, Severity, Verdict, judge
+from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.store.operations import Thresholds, health_figures, region_status
 
 # Every read runs under a statement timeout: a probe that hangs on a struggling

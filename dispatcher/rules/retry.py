@@ -1,4 +1,4 @@
-"""Retry decisions for webhook deliveries (RFC-014); the breaker's are in ``dispatcher.breaker``.
+"""Retry decisions for webhook deliveries (RFC-014); the breaker's are in ``dispatcher.rules.breaker``.
 
 This is the pure decision layer, modelled on urllib3's ``Retry``: small
 immutable values and functions that receive the clock (and the random jitter
@@ -15,7 +15,7 @@ Two clocks appear and they are deliberately different:
   a delay and to time the breaker (``open_until`` is stored in the database,
   so the engine should pass the database's ``now`` there too).
 
-``python -m dispatcher.policy`` prints the default retry schedule;
+``python -m dispatcher.rules.retry`` prints the default retry schedule;
 ``docs/retry-schedule.md`` embeds that output and ``tests/test_policy.py``
 fails if the two differ.
 """
@@ -30,14 +30,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_tz
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from dispatcher.breaker import BreakerSignal
-
-if TYPE_CHECKING:
-    # Types only: the transport module imports gevent, ssl and urllib3, and this
-    # pure module must stay importable before the worker monkey-patches them.
-    from dispatcher.transport import ErrorClass, TransportResult
+from dispatcher.rules.attempt import ErrorClass, TransportResult
+from dispatcher.rules.breaker import BreakerSignal
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -277,7 +273,7 @@ class Outcome:
     error: str | None  # last_error text; None when delivered
 
 
-# dispatcher.transport.ErrorClass, split by what a failure means.  Spelled out
+# dispatcher.outbound.transport.ErrorClass, split by what a failure means.  Spelled out
 # rather than read from the Literal so that no transport import is needed at
 # run time; tests/test_policy.py checks that the two agree.
 RETRYABLE_ERRORS: frozenset[str] = frozenset({"timeout", "connection", "tls", "dns", "protocol"})

@@ -2,12 +2,12 @@
 
 gevent must patch ``socket``, ``ssl``, ``threading`` and friends before any
 module imports them, and psycogreen must make psycopg2 cooperative before a
-connection exists.  ``dispatcher/__init__.py`` and ``dispatcher.entry``
-import nothing that matters, so running ``python -m dispatcher.worker_main``
+connection exists.  ``dispatcher/__init__.py`` and ``dispatcher.runtime.entry``
+import nothing that matters, so running ``python -m dispatcher.runtime.worker_main``
 reaches the patch first.
 """
 
-from dispatcher.entry import patch_or_exit
+from dispatcher.runtime.entry import patch_or_exit
 
 patch_or_exit("dispatcher worker")  # a broken install is a boot failure (exit 4), not a crash to restart
 
@@ -19,8 +19,8 @@ import sys  # noqa: E402
 import gevent  # noqa: E402
 
 from dispatcher.config import WORKER_DSN_ENV, ConfigError, load_config  # noqa: E402
-from dispatcher.exitcodes import ExitCode  # noqa: E402
-from dispatcher.logsetup import configure_logging  # noqa: E402
+from dispatcher.runtime.exitcodes import ExitCode  # noqa: E402
+from dispatcher.runtime.logsetup import configure_logging  # noqa: E402
 
 
 def _raise_fd_limit() -> None:
@@ -43,7 +43,7 @@ def main() -> int:
     try:
         config = load_config(args.config)
         configure_logging(config.logging, process_name=args.owner)
-        from dispatcher.worker import Worker
+        from dispatcher.engine.worker import Worker
 
         dsn = os.environ.get(WORKER_DSN_ENV) or config.database.dsn
         worker = Worker(config, dsn, args.owner, args.heartbeat)

@@ -13,12 +13,13 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from dispatcher import __version__, gate, manage, rollout, store
+from dispatcher import __version__, store
+from dispatcher.cli import gate, manage, rollout
 from dispatcher.config import Config, load_config
-from dispatcher.embedded import resolve_dsn
-from dispatcher.entry import run_command
-from dispatcher.exitcodes import ExitCode, UsageError
-from dispatcher.logsetup import quiet_libraries
+from dispatcher.runtime.embedded import resolve_dsn
+from dispatcher.runtime.entry import run_command
+from dispatcher.runtime.exitcodes import ExitCode, UsageError
+from dispatcher.runtime.logsetup import quiet_libraries
 from dispatcher.signing import WeakSecret, check_strength, new_secret
 
 Command = Callable[[Config, argparse.Namespace], int]
@@ -58,9 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("run", help="start the supervisor and its workers (the default)")
     commands.add_parser("migrate", help="apply pending schema migrations")
     commands.add_parser("api", help="serve the delivery history / replay HTTP API and console")
-    demo = commands.add_parser("demo", help="local demo: receiver, dispatcher and a producer, with progress")
-    demo.add_argument("--events", type=int, default=2000, help="events to produce (default: %(default)s)")
-    demo.add_argument("--rate", type=float, default=200.0, help="events per second (default: %(default)s)")
     workspace = commands.add_parser("workspace", help="manage workspaces").add_subparsers(dest="action", required=True)
     create = workspace.add_parser("create", help="create a workspace (or update its flags)")
     create.add_argument("--id", required=True)
@@ -157,7 +155,7 @@ def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
 
 def _check_url(config: Config, url: str, what: str) -> None:
     """The endpoint URL policy (https when required, the SSRF check), for every URL we will POST to."""
-    from dispatcher.netguard import OutboundPolicy, registration_refusal
+    from dispatcher.outbound.netguard import OutboundPolicy, registration_refusal
 
     refusal = registration_refusal(url, OutboundPolicy.from_config(config.http))
     if refusal is not None:
@@ -190,49 +188,38 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_token(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.api.auth import create_token
+    from dispatcher.api.auth import InvalidTokenRequest, create_token
 
     if args.action != "create":
         return manage.run_token_action(args, _connect(config))
     scopes = [s.strip() for s in args.scope.split(",") if s.strip()]
-    print(create_token(_connect(config), args.workspace, scopes, expires_in=args.expires))
+    try:
+        print(create_token(_connect(config), args.workspace, scopes, expires_in=args.expires))
+    except InvalidTokenRequest as exc:
+        raise UsageError(str(exc)) from None
     return ExitCode.OK
 
 
 def cmd_run(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.supervisor import run_supervisor
+    from dispatcher.runtime.supervisor import run_supervisor
 
     return run_supervisor(config)
 
 
 def cmd_api(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.api.serve import exec_api
+    from dispatcher.runtime.api_exec import exec_api
 
     return exec_api(config)
 
 
-def cmd_demo(config: Config, args: argparse.Namespace) -> int:
-    # The demo and its mock receiver are dev tools outside the wheel: they are
-    # importable from a source checkout (bin/dispatcher puts it on sys.path).
-    try:
-        from dispatcher_devtools.demo import demo_main
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("dispatcher_devtools"):
-            raise  # a real missing dependency, not a missing checkout
-        raise UsageError("the demo needs a source checkout: dispatcher_devtools is not importable "
-                         "(run bin/dispatcher from the repository)") from None
-
-    return demo_main(config, events=args.events, rate=args.rate)
-
-
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.status import cmd_status as status
+    from dispatcher.cli.status import cmd_status as status
 
     return status(config, args)
 
 
 COMMANDS: dict[str, Command] = {
-    "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api, "demo": cmd_demo,
+    "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api,
     "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token, "status": cmd_status,
     "rollout": rollout.cmd_rollout, "gate": gate.cmd_gate,
 }
@@ -243,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_libraries(args.verbose)
     if args.command == "check":
         # A monitoring probe: its own exit codes (Nagios), every failure UNKNOWN (3), never a traceback.
-        from dispatcher.status import check_main
+        from dispatcher.cli.status import check_main
 
         return check_main(args.config, args.json)
 

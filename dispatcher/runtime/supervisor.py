@@ -8,7 +8,7 @@ Signal handlers only queue the signal and wake the main loop; the loop acts:
 * HUP: reload the config file and replace every worker.
 * TTIN / TTOU: one worker more / fewer.
 
-Workers are started with fork+exec (``python -m dispatcher.worker_main``)
+Workers are started with fork+exec (``python -m dispatcher.runtime.worker_main``)
 rather than a bare fork, so each one monkey-patches in a fresh interpreter
 before anything imports ``socket``/``ssl``/``threading``, and gets a fresh hub,
 its own database connections and its own connection pools.
@@ -37,10 +37,10 @@ from pathlib import Path
 
 from dispatcher import store
 from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
-from dispatcher.embedded import resolve_dsn
-from dispatcher.entry import check_schema
-from dispatcher.exitcodes import ExitCode
-from dispatcher.store.deadline import blocking_bound, install_bounded_waits
+from dispatcher.runtime.deadline import blocking_bound, install_bounded_waits
+from dispatcher.runtime.embedded import resolve_dsn
+from dispatcher.runtime.entry import check_schema
+from dispatcher.runtime.exitcodes import ExitCode
 from dispatcher.store.engine import EngineStore, ManagedConnection
 
 log = logging.getLogger("dispatcher.supervisor")
@@ -200,7 +200,7 @@ class Supervisor:
         heartbeat = self._dir / f"w{self._spawned}"
         heartbeat.write_bytes(b"")
         env = dict(os.environ, **{WORKER_DSN_ENV: self.dsn})
-        command = [sys.executable, "-m", "dispatcher.worker_main", "--config", self.config.source,
+        command = [sys.executable, "-m", "dispatcher.runtime.worker_main", "--config", self.config.source,
                    "--owner", owner, "--heartbeat", str(heartbeat)]
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
@@ -303,7 +303,7 @@ class Supervisor:
 
 def run_supervisor(config: Config) -> int:
     """``dispatcher run``: boot checks, then supervise until told to stop."""
-    from dispatcher.logsetup import configure_logging
+    from dispatcher.runtime.logsetup import configure_logging
 
     configure_logging(config.logging, "supervisor")
     dsn = resolve_dsn(config.database)

@@ -4,7 +4,7 @@ workspace per sliding hour.
 A small immutable policy with pure decisions, like the retry and breaker
 policies: it is given the workspace's spending in the window and answers
 whether a request fits, and if not, when it would.  The store executes it
-(``store.api_data``: lock, read the window, spend) inside the transaction
+(``store.api_data``: lock, read the window, spend, or raise ``ReplayLimited``) inside the transaction
 that queues the rows, so a spend commits or rolls back with what it paid for.
 """
 
@@ -14,20 +14,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dispatcher.store import LimitReached
-
 # A recover is charged one replay unit per this many rows it queues.
 ROWS_PER_REPLAY_UNIT = 100
 # Longest wait a refusal can name: the window is one hour.
 WINDOW_SECONDS = 3600
 
 
-class ReplayLimited(LimitReached):
-    """The workspace's hourly replay budget would be exceeded (HTTP 429)."""
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a replay does not fit, and in how many seconds it would (None: it never can)."""
 
-    def __init__(self, message: str, retry_after: int | None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after  # None: the request can never fit
+    message: str
+    retry_after: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,24 +47,24 @@ class ReplayBudget:
     def units_for_rows(self, rows: int) -> int:
         return math.ceil(rows / self.rows_per_unit)
 
-    def refusal(self, window: Sequence[Spent], units: int) -> ReplayLimited | None:
+    def refusal(self, window: Sequence[Spent], units: int) -> Refusal | None:
         """None if ``units`` fit beside the workspace's ``window`` (oldest first); else the
         refusal, with the seconds until enough of the oldest spending has left the window."""
         return _refusal(self.per_hour, window, units, "for this workspace")
 
-    def region_refusal(self, window: Sequence[Spent], units: int) -> ReplayLimited | None:
+    def region_refusal(self, window: Sequence[Spent], units: int) -> Refusal | None:
         """The same decision against the whole region's ``window`` and ``region_per_hour``."""
         if self.region_per_hour is None:
             return None
         return _refusal(self.region_per_hour, window, units, "for the region (all workspaces)")
 
 
-def _refusal(limit: int, window: Sequence[Spent], units: int, scope: str) -> ReplayLimited | None:
+def _refusal(limit: int, window: Sequence[Spent], units: int, scope: str) -> Refusal | None:
     used = sum(entry.units for entry in window)
     if used + units <= limit:
         return None
     if units > limit:
-        return ReplayLimited(f"this request needs {units} replay units but the hourly limit {scope} is {limit}", None)
+        return Refusal(f"this request needs {units} replay units but the hourly limit {scope} is {limit}", None)
     excess, freed = used + units - limit, 0
     retry_after = WINDOW_SECONDS  # unreachable fallback: the whole window frees `used` >= excess
     for entry in window:
@@ -74,4 +72,4 @@ def _refusal(limit: int, window: Sequence[Spent], units: int, scope: str) -> Rep
         if freed >= excess:
             retry_after = max(1, math.ceil(entry.expires_in))
             break
-    return ReplayLimited(f"replay limit of {limit} per hour reached {scope}", retry_after)
+    return Refusal(f"replay limit of {limit} per hour reached {scope}", retry_after)

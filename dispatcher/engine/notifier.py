@@ -19,7 +19,7 @@ closes again (issue 12 item 4; docs/operations.md "Breaker notices").
   written in the notice's own transaction: signed, retried and policed like
   every delivery.  Never to the failing endpoint itself (:func:`same_target`).
 * **Off the delivery path.** :class:`OwnerNotices` runs in a greenlet of its own
-  with a connection of its own (``dispatcher.worker``), woken by this
+  with a connection of its own (``dispatcher.engine.worker``), woken by this
   process's breaker transitions and, on the upkeep leader, every
   ``alerts.check_interval``; every failure is logged and swallowed.
 """
@@ -39,7 +39,7 @@ import gevent
 
 from dispatcher.config import Config, NotifierConfig
 from dispatcher.contacts import InvalidContact, check_email
-from dispatcher.netguard import OutboundError, OutboundPolicy, parse_target
+from dispatcher.outbound.netguard import OutboundError, OutboundPolicy, parse_target
 from dispatcher.redact import scrub
 from dispatcher.store.notices import ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
 

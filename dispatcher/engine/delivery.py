@@ -15,12 +15,15 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from dispatcher.breaker import BreakerSignal
 from dispatcher.config import Config
-from dispatcher.limits import slot_hold
 from dispatcher.message import delivery_headers, event_body, event_id_problem, signing_keys
-from dispatcher.netguard import OutboundPolicy
-from dispatcher.policy import (
+from dispatcher.outbound.netguard import OutboundPolicy
+from dispatcher.outbound.transport import Transport, make_transport
+from dispatcher.redact import excerpt, scrub
+from dispatcher.rules.attempt import TransportResult
+from dispatcher.rules.breaker import BreakerSignal
+from dispatcher.rules.limits import slot_hold
+from dispatcher.rules.retry import (
     ENDPOINT_DEACTIVATED,
     ENDPOINT_DELETED,
     Outcome,
@@ -29,10 +32,8 @@ from dispatcher.policy import (
     classify,
     terminal,
 )
-from dispatcher.redact import excerpt, scrub
 from dispatcher.signing import InvalidSecret
 from dispatcher.store.engine import AttemptRecord, ClaimedRow
-from dispatcher.transport import Transport, TransportResult, make_transport
 
 log = logging.getLogger("dispatcher.delivery")
 
@@ -63,7 +64,7 @@ def build_transport(config: Config) -> Transport:
     # fifth of a worker's CPU went to connect and close).  A pool only ever
     # holds connections that were in use at the same time, so it stays bounded
     # by that host's real concurrency, itself at most ``max_in_flight``.
-    from dispatcher.resolver import DnsResolver  # gevent-bound: only the patched workers build transports
+    from dispatcher.outbound.resolver import DnsResolver  # gevent-bound: only the patched workers build transports
 
     http = config.http
     dns = DnsResolver(http.dns_servers, timeout=http.dns_timeout, max_ttl=http.dns_max_ttl,

@@ -1,12 +1,12 @@
-"""Entry point of the API server process (``python -m dispatcher.api.serve_main -c CONFIG``).
+"""Entry point of the API server process (``python -m dispatcher.runtime.api_main -c CONFIG``).
 
 The patching below must stay the first code in this module: any module
 imported before it would keep unpatched ``socket``/``threading`` objects.
-``dispatcher/__init__``, ``dispatcher/api/__init__`` and ``dispatcher.entry``
+``dispatcher/__init__``, ``dispatcher/api/__init__`` and ``dispatcher.runtime.entry``
 import nothing that matters, so the imports before the patch are safe.
 """
 
-from dispatcher.entry import patch_or_exit
+from dispatcher.runtime.entry import patch_or_exit
 
 patch_or_exit("dispatcher api")
 
@@ -22,11 +22,11 @@ import gevent  # noqa: E402
 from dispatcher.api.app import create_app  # noqa: E402
 from dispatcher.api.server import BoundedServer, ClientLimits, ensure_descriptors  # noqa: E402
 from dispatcher.config import Config, load_config  # noqa: E402
-from dispatcher.embedded import resolve_dsn  # noqa: E402
-from dispatcher.entry import check_schema, run_command  # noqa: E402
-from dispatcher.exitcodes import ExitCode  # noqa: E402
-from dispatcher.green_deadline import database_bound  # noqa: E402
-from dispatcher.logsetup import configure_logging  # noqa: E402
+from dispatcher.runtime.deadline import database_bound  # noqa: E402
+from dispatcher.runtime.embedded import resolve_dsn  # noqa: E402
+from dispatcher.runtime.entry import check_schema, run_command  # noqa: E402
+from dispatcher.runtime.exitcodes import ExitCode  # noqa: E402
+from dispatcher.runtime.logsetup import configure_logging  # noqa: E402
 
 log = logging.getLogger("dispatcher.api")
 # In-flight requests get this long to finish after SIGTERM/SIGINT.

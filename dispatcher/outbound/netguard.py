@@ -16,7 +16,7 @@ internal admin ports, the database).  The rules:
   127.0.0.1.  A host whose last label is numeric must be a valid IPv4 literal,
   so a resolver can never be handed something it might read as an address.
 * A name is resolved once and *every* answer must pass.  The caller then dials
-  one of the checked addresses itself (see ``dispatcher.transport``); resolving
+  one of the checked addresses itself (see ``dispatcher.outbound.transport``); resolving
   again at connect time would reopen the DNS-rebinding hole.
 
 * The port must not be on the operator's deny list (``http.deny_ports``: SSH,

@@ -1,6 +1,6 @@
 """The circuit breaker (RFC-014 "Circuit breaker endpoint_state"): the rule, in one place.
 
-Pure values and decisions, like ``dispatcher.policy``'s retry schedule: they
+Pure values and decisions, like ``dispatcher.rules.retry``'s retry schedule: they
 take the clock as an argument and do no I/O.  Everything else that must agree
 with the rule is derived from it or tested against it on one table of cases
 (``tests/test_breaker_rule.py``):

@@ -2,9 +2,9 @@
 
 Written once and used twice, so that the two can never disagree:
 
-* the upkeep leader's in-process backlog alert (``dispatcher.upkeep``), and
+* the upkeep leader's in-process backlog alert (``dispatcher.engine.upkeep``), and
 * ``dispatcher check``, the external probe that reads the database itself and
-  therefore still fires when every dispatcher is dead (``dispatcher.status``).
+  therefore still fires when every dispatcher is dead (``dispatcher.cli.status``).
 
 Both measure the backlog with the same named query (``engine_backlog``) into a
 :class:`BacklogFigures` and judge it with :class:`BacklogRule`.  Rows waiting

@@ -6,10 +6,10 @@ network, TLS, DNS, policy or protocol problem: the outcome is a
 
 How an attempt runs (both implementations):
 
-1. **Parse** the URL with :func:`dispatcher.netguard.parse_target` (cached per
+1. **Parse** the URL with :func:`dispatcher.outbound.netguard.parse_target` (cached per
    URL string: endpoint URLs repeat and the parse is a pure function).
 2. **Resolve and check.**  The name is resolved once and every address must
-   pass the outbound policy (:func:`dispatcher.netguard.resolve_checked`).
+   pass the outbound policy (:func:`dispatcher.outbound.netguard.resolve_checked`).
 3. **Dial the checked address.**  The TCP connection goes to the IP we checked,
    never to the name, so nothing re-resolves between check and connect (DNS
    rebinding).  TLS SNI and certificate verification use the original host name
@@ -39,7 +39,7 @@ trip to the resolver's thread pool, so checked answers are cached per host for
 safe: what is cached is the list of addresses that *passed* the policy, and we
 only ever dial addresses from it.  If the name later flips to 127.0.0.1 the next
 resolution is refused.  Failures (DNS errors, refused names) are not cached.
-In the workers a ``dns`` resolver (``dispatcher/resolver.py``: bounded,
+In the workers a ``dns`` resolver (``dispatcher/outbound/resolver.py``: bounded,
 TTL-cached, one lookup per name, a per-workspace cap) answers names instead
 of getaddrinfo; its answers are checked on every attempt, so this cache is
 not used then.
@@ -67,7 +67,6 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from http.client import BadStatusLine, HTTPException, IncompleteRead, LineTooLong, RemoteDisconnected
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -82,7 +81,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import InvalidChunkLength
 from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 
-from dispatcher.netguard import (
+from dispatcher.outbound.netguard import (
     BlockedURL,
     DnsError,
     InvalidURL,
@@ -95,6 +94,7 @@ from dispatcher.netguard import (
     resolve_checked,
 )
 from dispatcher.redact import scrub
+from dispatcher.rules.attempt import ErrorClass, TransportResult
 
 __all__ = [
     "Dialer",
@@ -109,28 +109,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ErrorClass = Literal[
-    "timeout",      # the total deadline passed (connect through last body byte)
-    "connection",   # refused, reset, closed mid-response
-    "tls",          # handshake / certificate failure
-    "dns",          # the host name does not resolve
-    "blocked",      # refused by the outbound network policy (SSRF guard, require_https)
-    "invalid_url",  # not a URL we can send to (malformed, unknown scheme, no host)
-    "protocol",     # the peer did not speak HTTP/1.1 (malformed status line, bad headers);
-                    # also a request we refuse to put on the wire (CR/LF in a header)
-]
-
-
-@dataclass(frozen=True, slots=True)
-class TransportResult:
-    status: int | None          # HTTP status, None when no response was read
-    body: bytes                 # at most max_response_bytes of the body, never decompressed
-    error: ErrorClass | None    # None when a status line and headers were read
-    detail: str                 # short human-readable reason ("" on success)
-    retry_after: str | None     # raw Retry-After header, if any
-    duration: float             # seconds spent in the attempt
-
-
 class Transport(Protocol):
     def post(self, url: str, headers: dict[str, str], body: bytes, workspace: str | None = None) -> TransportResult:
         ...
@@ -139,7 +117,7 @@ class Transport(Protocol):
 
 
 class NameResolver(Protocol):
-    """Addresses of a host name, or DnsError (``dispatcher.resolver.DnsResolver``)."""
+    """Addresses of a host name, or DnsError (``dispatcher.outbound.resolver.DnsResolver``)."""
 
     def resolve(self, host: str, workspace: str | None = None) -> list[str]: ...
 
@@ -154,7 +132,7 @@ def tcp_dial(ip: str, port: int, timeout: float, socket_class: type[socket.socke
     ``socket`` is looked up at call time so the monkey-patched cooperative socket
     is used in the workers.  No ``create_connection``: under gevent it would send
     even a numeric address through the resolver thread pool.  ``socket_class``
-    lets the flag-off producer path (``dispatcher.legacy``) dial a socket that
+    lets the flag-off producer path (``dispatcher.outbound.legacy``) dial a socket that
     enforces its deadline.
     """
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
@@ -463,7 +441,7 @@ class _BaseTransport:
         self._policy = policy
         self._cap = max_response_bytes
         self._resolver = resolver  # None: socket.getaddrinfo, looked up per call (patched)
-        # The bounded, caching resolver of the workers (dispatcher/resolver.py); when set,
+        # The bounded, caching resolver of the workers (dispatcher/outbound/resolver.py); when set,
         # it answers names instead of getaddrinfo and keeps its own TTL cache.
         self._dns = dns
         self._dialer: Dialer = dialer or tcp_dial
@@ -514,7 +492,7 @@ class _BaseTransport:
         return TransportResult(status, data, None, "", retry_after, time.monotonic() - started)
 
     def _new_deadline(self) -> Any:
-        """The attempt's total deadline: a ``gevent.Timeout`` (start/close); see dispatcher/legacy.py for threads."""
+        """The attempt's total deadline: a ``gevent.Timeout`` (start/close); threads: outbound/legacy.py."""
         return gevent.Timeout(self._timeout)
 
     @classmethod

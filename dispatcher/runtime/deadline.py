@@ -1,16 +1,21 @@
-"""Bounded database waits for a blocking (unpatched) process: the supervisor.
+"""How long a process waits for the database: one bound, two mechanisms.
 
-libpq's blocking calls take no deadline: ``connect_timeout`` bounds a
-connect, but a query to a frozen primary, or to a host gone silent, waits for
-TCP to give up (minutes, or hours for a read) -- and a supervisor waiting
-there reaps, replaces and signals nothing.  Installed, :func:`wait_with_deadline`
-makes psycopg2 run libpq without blocking and wait in ``select()`` itself,
-until the deadline of the innermost :func:`blocking_bound` (none outside
-one).  Past it, DatabaseUnavailable; psycopg2 closes the connection, and the
-caller treats it as a lost one.  Green processes get the same from
-``dispatcher.green_deadline.database_bound`` (a gevent timeout around psycogreen's
-wait).  A signal during the wait runs its handler (which only queues it) and
-the wait goes on (PEP 475).
+libpq applies no timeout of its own to a query whose server never answers,
+and in a patched process not even ``connect_timeout``.  A hung or frozen
+primary, or a host gone silent, keeps the socket open, so without a bound a
+call would wait for TCP to give up (minutes, or hours for a read).  Every
+process bounds its database waits by ``database.statement_deadline``:
+
+* green (monkey-patched) processes, the workers and the API, wrap a wait in
+  :func:`database_bound`, a gevent timeout around psycogreen's wait;
+* the blocking supervisor installs :func:`wait_with_deadline` as psycopg2's
+  wait callback (:func:`install_bounded_waits`): libpq runs without blocking
+  and the wait happens in ``select()``, until the deadline of the innermost
+  :func:`blocking_bound`.  A signal during the wait runs its handler (which
+  only queues it) and the wait goes on (PEP 475).
+
+Past the bound the caller gets DatabaseUnavailable and drops the connection as
+a lost one.  The store stays free of both and takes the bound as a parameter.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import gevent
 import psycopg2.extensions
 
 from dispatcher.store.errors import DatabaseUnavailable
@@ -65,3 +71,10 @@ def install_bounded_waits() -> None:
     """Every psycopg2 wait of this process goes through :func:`wait_with_deadline`, and
     libpq's own ``connect_timeout`` no longer applies: connect inside a bound."""
     psycopg2.extensions.set_wait_callback(wait_with_deadline)
+
+
+def database_bound(seconds: float) -> gevent.Timeout:
+    """A green wait for the database of at most ``seconds``: past it, DatabaseUnavailable, and the
+    caller drops the connection as a lost one."""
+    return gevent.Timeout(seconds, DatabaseUnavailable(
+        f"no answer from the database within {seconds:g}s; reconnecting"))
