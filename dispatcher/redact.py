@@ -157,7 +157,16 @@ def scrub(text: str, secrets: Iterable[str | None] = ()) -> str:
     return text
 
 
-def excerpt(body: bytes, limit: int = 256, secrets: Iterable[str | None] = ()) -> str:
+# RFC-014 security section: what is stored and shown of a response carries at most 256 bytes of its body.
+EXCERPT_BYTES = 256
+
+
+def cut_bytes(text: str, limit: int = EXCERPT_BYTES) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, dropping a split multi-byte tail."""
+    return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
+
+
+def excerpt(body: bytes, limit: int = EXCERPT_BYTES, secrets: Iterable[str | None] = ()) -> str:
     """The first ``limit`` bytes of a response body, decoded leniently and scrubbed.
 
     Scrubbed before the cut (see the module docstring); the cut is on bytes and
@@ -165,9 +174,7 @@ def excerpt(body: bytes, limit: int = 256, secrets: Iterable[str | None] = ()) -
     """
     if not body:
         return ""
-    text = scrub(_decode(body[: 2 * (limit + LOOKAHEAD)], limit + LOOKAHEAD), secrets)
-    cut = text.encode("utf-8")[:limit]
-    return cut.decode("utf-8", errors="ignore")
+    return cut_bytes(scrub(_decode(body[: 2 * (limit + LOOKAHEAD)], limit + LOOKAHEAD), secrets), limit)
 
 
 def _decode(body: bytes, chars: int) -> str:

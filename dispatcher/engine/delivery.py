@@ -30,6 +30,7 @@ from dispatcher.rules.retry import (
     RetryPolicies,
     Verdict,
     classify,
+    clip_error,
     terminal,
 )
 from dispatcher.signing import InvalidSecret
@@ -112,7 +113,7 @@ class DeliveryMaker:
             log.error("attempt raised for delivery %d; it ends dead\n%s", row.id,
                       scrub(traceback.format_exc(), _secrets(row)))
             outcome = Outcome(Verdict.DEAD, "failed", None, BreakerSignal.IGNORE,
-                              scrub(f"internal error: {type(exc).__name__}: {exc}", _secrets(row))[:256])
+                              clip_error(scrub(f"internal error: {type(exc).__name__}: {exc}", _secrets(row))))
         finally:
             self._in_flight.pop(row.id, None)
         return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at)

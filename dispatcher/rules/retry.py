@@ -41,6 +41,7 @@ __all__ = [
     "ERROR_TEXT_LIMIT",
     "RETRYABLE_ERRORS",
     "UNSENDABLE_ERRORS",
+    "clip_error",
     "Outcome",
     "ResultLabel",
     "RetryPolicies",
@@ -329,7 +330,7 @@ def _describe_error(error: ErrorClass, detail: str) -> tuple[ResultLabel, str]:
     # invent new metric labels.
     if error not in _ERROR_CLASSES:
         raise ValueError(f"unknown transport error class {error!r}")
-    return error, _clip(f"{error}: {detail}" if detail else error)
+    return error, clip_error(f"{error}: {detail}" if detail else error)
 
 
 def _describe_status(status: int) -> tuple[ResultLabel, str]:
@@ -346,7 +347,8 @@ def _failed_attempt(label: ResultLabel, text: str, delay: float | None) -> Outco
     return Outcome(verdict, label, delay, BreakerSignal.FAILURE, text)
 
 
-def _clip(text: str) -> str:
+def clip_error(text: str) -> str:
+    """An error text as stored and shown: at most ERROR_TEXT_LIMIT characters."""
     return text if len(text) <= ERROR_TEXT_LIMIT else text[: ERROR_TEXT_LIMIT - 1] + "…"
 
 
@@ -361,7 +363,7 @@ def terminal(reason: str) -> Outcome:
 
     No attempt was made, so the breaker learns nothing.
     """
-    return Outcome(Verdict.FAILED, "failed", None, BreakerSignal.IGNORE, _clip(reason))
+    return Outcome(Verdict.FAILED, "failed", None, BreakerSignal.IGNORE, clip_error(reason))
 
 
 # --------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from dispatcher.redact import cut_bytes
 from dispatcher.rules.replay_budget import ReplayBudget, Spent
 from dispatcher.rules.retry import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED, RETRYABLE_ERRORS
 from dispatcher.store import (
@@ -36,9 +37,6 @@ DELIVERY_COLUMNS = (
     "replay_of", "created_at", "next_attempt_at", "delivered_at", "finished_at",
     "last_status_code", "last_error",
 )
-# RFC-014 security section: responses carry at most 256 bytes of the body.
-EXCERPT_BYTES = 256
-
 Row = dict[str, Any]
 # The transport failures the breaker counts (policy.RETRYABLE_ERRORS): with the
 # attempts that got a status code, the attempts that went on the wire, which the
@@ -141,8 +139,7 @@ def list_audit(conn: Connection, workspace_id: str, endpoint_id: int | None, bef
 def _excerpt(text: str | None) -> str | None:
     if text is None:
         return None
-    # Cut on bytes, not characters, and drop a split multi-byte tail.
-    return text.encode("utf-8")[:EXCERPT_BYTES].decode("utf-8", errors="ignore")
+    return cut_bytes(text)
 
 
 def _attempts(conn: Connection, ids: Sequence[int]) -> dict[int, list[Row]]:
