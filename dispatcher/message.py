@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from dispatcher import __version__
 from dispatcher.signing import secret_key, signature_header
+from dispatcher.version import __version__
 
 USER_AGENT = f"Larkspur-Webhooks/{__version__}"
 

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 
-from dispatcher import __version__, store
+from dispatcher import store
 from dispatcher.cli import gate, manage, rollout
 from dispatcher.config import Config, load_config
 from dispatcher.runtime.embedded import resolve_dsn
@@ -21,6 +21,7 @@ from dispatcher.runtime.entry import run_command
 from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.runtime.logsetup import quiet_libraries
 from dispatcher.signing import WeakSecret, check_strength, new_secret
+from dispatcher.version import __version__
 
 Command = Callable[[Config, argparse.Namespace], int]
 
