@@ -334,7 +334,7 @@ class ProducerConfig:
     shadow_writes: bool = setting(False, _boolean, "flag off: also write mode='shadow' rows (rollout phase 0)")
     legacy_timeout: float = setting(5.0, parse_duration, "timeout of the synchronous path used when the flag is off")
     # Every claimed delivery holds its event's payload in a worker's memory (issue 13: one 50 MB
-    # event to 10 endpoints took a worker to ~1 GB); decisions 2026-12-01 set 256 KiB.
+    # event to 10 endpoints took a worker to ~1 GB); 256 KiB is docs/decisions.md, Limits.
     max_payload_bytes: int = setting(256 * 1024, _positive_int,
                                      "largest event payload send() accepts: its compact JSON, in UTF-8 bytes")
 
@@ -397,7 +397,7 @@ def _policy_overrides(value: Any) -> PolicyOverrides:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    # The defaults are the policy's own (decisions.md "Retry schedule"), declared once there.
+    # The defaults are the policy's own (docs/decisions.md, Retry schedule), declared once there.
     base: float = setting(_RETRY_DEFAULTS.base, parse_duration, "first retry gap; each later gap doubles")
     max_interval: float = setting(_RETRY_DEFAULTS.max_interval, parse_duration, "largest gap between two attempts")
     ceiling: float = setting(_RETRY_DEFAULTS.ceiling, parse_duration,

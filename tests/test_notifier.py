@@ -1,4 +1,4 @@
-"""Breaker notices to endpoint owners (issue 12 item 4, decisions Q3), engine-level:
+"""Breaker notices to endpoint owners (issue 12 item 4, docs/decisions.md, Q3), engine-level:
 the real store, real breaker writes (EngineStore.update_breakers) and a real SMTP
 server in the test process (aiosmtpd).  tests/test_notifier_dispatcher.py runs
 the same through the dispatcher itself."""

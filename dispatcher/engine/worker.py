@@ -13,7 +13,7 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
 * upkeep (one process per region, by a lease row: ``dispatcher.engine.upkeep``) evaluates backlog alerts,
   publishes the breaker gauges, sweeps rows that expire while a breaker is
   open, and prunes finished rows and attempt history past their retention
-  (decisions Q2; ``dispatcher.engine.upkeep``);
+  (docs/decisions.md, Q2; ``dispatcher.engine.upkeep``);
 * breaker notices (``dispatcher.engine.notifier``) tell endpoint owners that a
   breaker opened or closed again, on a connection of their own: woken by this
   process's transitions, and every check_interval on the upkeep leader;
@@ -344,7 +344,7 @@ class Worker:
                     write.breaker.consecutive_failures, write.breaker.open_until)
         self._metrics.breaker(write.endpoint_id, write.breaker.state)
         if transition in ("opened", "closed"):
-            self._notice_due.set()  # decisions Q3: the owner hears of it (dispatcher.engine.notifier)
+            self._notice_due.set()  # docs/decisions.md, Q3: the owner hears of it (dispatcher.engine.notifier)
 
     # -- shutdown ----------------------------------------------------------
 

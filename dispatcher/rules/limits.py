@@ -1,4 +1,4 @@
-"""The per-endpoint limits, held region-wide (decisions.md: "the RFC's 4 is what
+"""The per-endpoint limits, held region-wide (docs/decisions.md, Region-wide concurrency: "the RFC's 4 is what
 the customer's endpoint sees in total, across every process and host").
 
 Two limits decide how many rows of one endpoint a claim may take:

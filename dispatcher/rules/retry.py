@@ -189,7 +189,7 @@ class RetryPolicies:
 
 DEFAULT_POLICY = RetryPolicy()
 
-# Decisions Q1: location updates are superseded every 30 s, so a stale one is
+# docs/decisions.md, Q1: location updates are superseded every 30 s, so a stale one is
 # never worth a second attempt.
 DEFAULT_POLICIES = RetryPolicies(
     default=DEFAULT_POLICY,
