@@ -18,10 +18,10 @@ import falcon
 from dispatcher.api.problems import Problem, bad_request, not_found
 from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.durations import DurationError, parse_duration
+from dispatcher.message import event_id_problem
 from dispatcher.outbound.netguard import MAX_URL_LENGTH as MAX_URL_CHARS
 
 MAX_ID = 2**63 - 1  # bigint
-MAX_EVENT_ID_CHARS = 255
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 50
 # GET /v2/webhooks/endpoints/stats: how far back, and in how many buckets.
@@ -47,7 +47,9 @@ def path_id(text: str, what: str) -> int:
 
 
 def event_id(text: str) -> str:
-    if not text or len(text) > MAX_EVENT_ID_CHARS or "\x00" in text:
+    """A path event id; one the event-id rule (``message.event_id_problem``) refuses names nothing, hence
+    404, without a lookup."""
+    if event_id_problem(text) is not None:
         raise not_found("event does not exist")
     return text
 
@@ -120,9 +122,10 @@ def status(req: falcon.Request) -> str | None:
 
 
 def query_event_id(req: falcon.Request) -> str | None:
+    """The ``event_id`` filter; one the event-id rule refuses is a 400 (its reason, never the id), not a lookup."""
     text = single(req, "event_id")
-    if text is not None and (not text or len(text) > MAX_EVENT_ID_CHARS or "\x00" in text):
-        raise bad_request(f"event_id must be 1 to {MAX_EVENT_ID_CHARS} characters")
+    if text is not None and (problem := event_id_problem(text)) is not None:
+        raise bad_request(f"event_id: {problem}")
     return text
 
 
