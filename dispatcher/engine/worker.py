@@ -44,6 +44,7 @@ from dispatcher.config import Config
 from dispatcher.engine.delivery import Attempt, DeliveryMaker
 from dispatcher.engine.notifier import OwnerNotices
 from dispatcher.metrics import Metrics
+from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
 from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
@@ -63,6 +64,11 @@ attempt_log = logging.getLogger("dispatcher.attempt")
 # (each claim costs the database a walk over the endpoints with pending rows).
 BUSY_POLL = 0.05
 
+# The waits after a failed claim or result write, up to ``database.reconnect_max``:
+# each wait is its nominal value shortened by a random draw of up to half.
+CLAIM_BACKOFF = Backoff(base=0.1, jitter=0.5)
+WRITE_BACKOFF = Backoff(base=0.05, jitter=0.5)
+
 
 @dataclass
 class Lane:
@@ -76,18 +82,18 @@ class Lane:
         return len(self.queue) + self.active
 
 
-class Backoff:
-    """Exponential reconnect backoff; the caller decides when to reset it."""
+class FailureWaits:
+    """Waits out failures in a row by a back-off rule; the caller resets it after a success."""
 
-    def __init__(self, first: float, cap: float) -> None:
-        self._first, self._cap, self._next = first, cap, first
+    def __init__(self, rule: Backoff) -> None:
+        self._rule, self._failures = rule, 0
 
     def wait(self, stop: gevent.event.Event) -> None:
-        stop.wait(self._next * random.uniform(0.5, 1.0))
-        self._next = min(self._next * 2, self._cap)
+        self._failures += 1
+        stop.wait(self._rule.delay(self._failures, random.random()))
 
     def reset(self) -> None:
-        self._next = self._first
+        self._failures = 0
 
 
 class Worker:
@@ -155,7 +161,7 @@ class Worker:
     # -- claiming ----------------------------------------------------------
 
     def _claim_loop(self) -> None:
-        backoff = Backoff(0.1, self.config.database.reconnect_max)
+        backoff = FailureWaits(replace(CLAIM_BACKOFF, cap=self.config.database.reconnect_max))
         workers = self.config.workers
         while not self._stopping.is_set():
             room = workers.max_in_flight - self._held
@@ -255,7 +261,7 @@ class Worker:
     # -- recording ---------------------------------------------------------
 
     def _flush_loop(self) -> None:
-        backoff = Backoff(0.05, self.config.database.reconnect_max)
+        backoff = FailureWaits(replace(WRITE_BACKOFF, cap=self.config.database.reconnect_max))
         interval = self.config.workers.flush_interval
         while True:
             self._flush_now.wait(interval)

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from dispatcher import store
 from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
+from dispatcher.rules.backoff import Backoff
 from dispatcher.runtime.deadline import blocking_bound, install_bounded_waits
 from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.runtime.entry import check_schema
@@ -52,7 +53,9 @@ DRY_RUN_WARNING = ("dry_run is on: mode='shadow' rows are marked delivered witho
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,
                    signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
-RESTART_BACKOFF_MAX = 30.0
+# The wait before restarting a worker that crashed (the n-th time in a row):
+# 0.5 s, doubling, at most 30 s; no jitter, there is one supervisor.
+RESTART_BACKOFF = Backoff(base=0.5, cap=30.0)
 STABLE_AFTER = 60.0
 
 
@@ -225,7 +228,7 @@ class Supervisor:
     def _after_crash(self, worker: WorkerProcess, code: int) -> None:
         lived = time.monotonic() - worker.started
         self._crashes = 1 if lived > STABLE_AFTER else self._crashes + 1
-        delay = min(RESTART_BACKOFF_MAX, 0.5 * 2 ** (self._crashes - 1))
+        delay = RESTART_BACKOFF.delay(self._crashes, 0.0)
         self._next_spawn_at = time.monotonic() + delay
         log.warning("worker %s exited with %s after %.1fs; restarting in %.1fs event=worker_restarting",
                     worker.owner, code, lived, delay)
