@@ -211,8 +211,9 @@ FUNCTIONS = {
     # 0012: the producer's one statement.
     "dispatcher_send_event(text,text,text,timestamp with time zone,jsonb,text,boolean,double precision)": (
         "TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text)", "v"),
-    # 0014: the lease test (STABLE, so the planner inlines it).
+    # 0014: the lease test (STABLE, so the planner inlines it) and the lane give-back.
     "dispatcher_unleased(timestamp with time zone)": ("boolean", "s"),
+    "dispatcher_lanes_give_back(bigint[],bigint[])": ("void", "v"),
 }
 
 

@@ -209,10 +209,12 @@ WITH results AS (
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
     RETURNING w.id, w.endpoint_id, r.token, r.hold
-), lanes AS (
+), given_back AS MATERIALIZED (
     -- The lane slots of the rows written here go back (only rows this
     -- statement wrote: the same batch written twice gives nothing back twice).
-    SELECT endpoint_id, token, count(*) AS done FROM updated GROUP BY endpoint_id, token
+    -- One row always (an aggregate), so the final join keeps every id; being
+    -- read by it is what makes this CTE run.
+    SELECT dispatcher_lanes_give_back(array_agg(endpoint_id), array_agg(token)) FROM updated
 ), held AS (
     -- A timed-out attempt's slot stays taken r.hold seconds longer
     -- (limits.slot_hold): its own ledger entry, keyed by the claim token
@@ -223,12 +225,6 @@ WITH results AS (
      GROUP BY endpoint_id, token
     ON CONFLICT (endpoint_id, claim_token) DO UPDATE
        SET leased = l.leased + excluded.leased, until = greatest(l.until, excluded.until)
-), lanes_emptied AS (
-    DELETE FROM endpoint_leases l USING lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
-), lanes_left AS (
-    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done
 ), history AS (
     INSERT INTO webhook_delivery_attempts
            (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, status_code, error,
@@ -237,7 +233,7 @@ WITH results AS (
            r.result, r.status_code, r.error, r.excerpt, r.token
       FROM results r JOIN updated u ON u.id = r.id
 )
-SELECT id FROM updated;
+SELECT u.id FROM updated u CROSS JOIN given_back;
 
 -- name: engine_breaker_ensure
 INSERT INTO endpoint_state (endpoint_id)
@@ -294,23 +290,18 @@ RETURNING s.endpoint_id;
 
 -- name: engine_release
 -- Hand unsent claimed rows back at once (graceful shutdown), fenced, with
--- their lane slots (as engine_record gives them back).
+-- their lane slots (dispatcher_lanes_give_back, as engine_record).
 WITH released AS (
     UPDATE webhook_deliveries w
        SET locked_by = NULL, locked_until = NULL, claim_token = NULL
       FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
     RETURNING w.id, w.endpoint_id, r.token
-), lanes AS (
-    SELECT endpoint_id, token, count(*) AS done FROM released GROUP BY endpoint_id, token
-), lanes_emptied AS (
-    DELETE FROM endpoint_leases l USING lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
-), lanes_left AS (
-    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done
+), given_back AS MATERIALIZED (
+    -- As in engine_record: one row, and the final join makes it run.
+    SELECT dispatcher_lanes_give_back(array_agg(endpoint_id), array_agg(token)) FROM released
 )
-SELECT id FROM released;
+SELECT r.id FROM released r CROSS JOIN given_back;
 
 -- name: engine_release_owner
 -- The supervisor hands back every row a dead worker had claimed, their lane
