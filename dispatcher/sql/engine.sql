@@ -34,7 +34,7 @@ WITH RECURSIVE token AS (
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
                               AND d.next_attempt_at <= now()
-                              AND (d.locked_until IS NULL OR d.locked_until <= now()))
+                              AND dispatcher_unleased(d.locked_until))
              ORDER BY o.open_until
              LIMIT 16
                FOR UPDATE SKIP LOCKED)
@@ -43,7 +43,7 @@ WITH RECURSIVE token AS (
     SELECT d.id FROM probe_ids p CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = p.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
          ORDER BY d.next_attempt_at
          LIMIT 1
            FOR UPDATE SKIP LOCKED) d
@@ -93,7 +93,7 @@ WITH RECURSIVE token AS (
          WHERE d.endpoint_id = e.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
            -- a leased row keeps its due time: at most the endpoint's lane
            -- (4) of them are read and passed over here
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
          ORDER BY d.next_attempt_at
          LIMIT lane.room
            FOR UPDATE SKIP LOCKED) d
@@ -209,10 +209,12 @@ WITH results AS (
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
     RETURNING w.id, w.endpoint_id, r.token, r.hold
-), lanes AS (
+), given_back AS MATERIALIZED (
     -- The lane slots of the rows written here go back (only rows this
     -- statement wrote: the same batch written twice gives nothing back twice).
-    SELECT endpoint_id, token, count(*) AS done FROM updated GROUP BY endpoint_id, token
+    -- One row always (an aggregate), so the final join keeps every id; being
+    -- read by it is what makes this CTE run.
+    SELECT dispatcher_lanes_give_back(array_agg(endpoint_id), array_agg(token)) FROM updated
 ), held AS (
     -- A timed-out attempt's slot stays taken r.hold seconds longer
     -- (limits.slot_hold): its own ledger entry, keyed by the claim token
@@ -223,12 +225,6 @@ WITH results AS (
      GROUP BY endpoint_id, token
     ON CONFLICT (endpoint_id, claim_token) DO UPDATE
        SET leased = l.leased + excluded.leased, until = greatest(l.until, excluded.until)
-), lanes_emptied AS (
-    DELETE FROM endpoint_leases l USING lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
-), lanes_left AS (
-    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done
 ), history AS (
     INSERT INTO webhook_delivery_attempts
            (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, status_code, error,
@@ -237,7 +233,7 @@ WITH results AS (
            r.result, r.status_code, r.error, r.excerpt, r.token
       FROM results r JOIN updated u ON u.id = r.id
 )
-SELECT id FROM updated;
+SELECT u.id FROM updated u CROSS JOIN given_back;
 
 -- name: engine_breaker_ensure
 INSERT INTO endpoint_state (endpoint_id)
@@ -294,23 +290,18 @@ RETURNING s.endpoint_id;
 
 -- name: engine_release
 -- Hand unsent claimed rows back at once (graceful shutdown), fenced, with
--- their lane slots (as engine_record gives them back).
+-- their lane slots (dispatcher_lanes_give_back, as engine_record).
 WITH released AS (
     UPDATE webhook_deliveries w
        SET locked_by = NULL, locked_until = NULL, claim_token = NULL
       FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
     RETURNING w.id, w.endpoint_id, r.token
-), lanes AS (
-    SELECT endpoint_id, token, count(*) AS done FROM released GROUP BY endpoint_id, token
-), lanes_emptied AS (
-    DELETE FROM endpoint_leases l USING lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
-), lanes_left AS (
-    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done
+), given_back AS MATERIALIZED (
+    -- As in engine_record: one row, and the final join makes it run.
+    SELECT dispatcher_lanes_give_back(array_agg(endpoint_id), array_agg(token)) FROM released
 )
-SELECT id FROM released;
+SELECT r.id FROM released r CROSS JOIN given_back;
 
 -- name: engine_release_owner
 -- The supervisor hands back every row a dead worker had claimed, their lane
@@ -349,14 +340,14 @@ RETURNING l.owner;
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM webhook_deliveries d
              WHERE d.status = 'pending' AND d.next_attempt_at <= now() - make_interval(secs => %(row_age)s)
-               AND (d.locked_until IS NULL OR d.locked_until <= now())
+               AND dispatcher_unleased(d.locked_until)
                AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                                 WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
              LIMIT %(threshold)s + 1) old) AS overdue_rows,
        (SELECT extract(epoch FROM now() - d.next_attempt_at)::float8
           FROM webhook_deliveries d
          WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
            AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                             WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
          ORDER BY d.next_attempt_at
@@ -364,7 +355,7 @@ SELECT (SELECT count(*) FROM (
        (SELECT count(*) FROM endpoint_state s
           JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id
                                    AND d.status = 'pending' AND d.next_attempt_at <= now()
-                                   AND (d.locked_until IS NULL OR d.locked_until <= now())
+                                   AND dispatcher_unleased(d.locked_until)
          WHERE s.state <> 'closed') AS held_rows,
        (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
 
@@ -385,7 +376,7 @@ SELECT d.id, coalesce(ev.type, '') AS event_type, extract(epoch FROM now() - d.c
   LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
  WHERE s.state <> 'closed'
    AND d.created_at <= now() - make_interval(secs => %(min_ceiling)s)
-   AND (d.locked_until IS NULL OR d.locked_until < now())
+   AND dispatcher_unleased(d.locked_until)
  LIMIT %(limit)s;
 
 -- name: engine_mark_expired
@@ -393,7 +384,7 @@ UPDATE webhook_deliveries
    SET status = 'dead', finished_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL,
        last_error = coalesce(last_error || '; ', '') || 'retry window ended while the endpoint breaker was open'
  WHERE id = ANY (%(ids)s::bigint[]) AND status = 'pending'
-   AND (locked_until IS NULL OR locked_until < now())
+   AND dispatcher_unleased(locked_until)
 RETURNING id;
 
 -- name: engine_prune_leases
