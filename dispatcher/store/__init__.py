@@ -22,6 +22,7 @@ import psycopg2
 import psycopg2.extensions
 
 from dispatcher.store.errors import (
+    Conflict,
     DatabaseUnavailable,
     LimitReached,
     NotFound,
@@ -38,7 +39,7 @@ Connection = psycopg2.extensions.connection
 
 
 __all__ = [
-    "QUERIES", "Audit", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
+    "QUERIES", "Audit", "Conflict", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
     "QueryTimeout", "ReplayLimited", "SchemaOutdated", "StoreError", "connect", "connect_each", "query_rows",
     "run_query", "transaction", "translated",
 ]

@@ -20,11 +20,11 @@ from dispatcher.rules.replay_budget import ReplayBudget, Spent
 from dispatcher.rules.retry import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED, RETRYABLE_ERRORS
 from dispatcher.store import (
     Audit,
+    Conflict,
     Connection,
     NotFound,
     QueryRejected,
     ReplayLimited,
-    StoreError,
     audit,
     limit_or,
     query_rows,
@@ -43,10 +43,6 @@ Row = dict[str, Any]
 # success rates count.  Blocked URLs, shadow rows and rows that could never be
 # sent say nothing about the endpoint's health.
 SENT_ERRORS = sorted(RETRYABLE_ERRORS)
-
-
-class Conflict(StoreError):
-    """The request is well formed but the rows' state refuses it (HTTP 409)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,10 @@ class NotFound(StoreError):
     """The named row does not exist."""
 
 
+class Conflict(StoreError):
+    """The request is well formed but the rows' state refuses it (HTTP 409)."""
+
+
 class LimitReached(StoreError):
     """A database-enforced limit refused the write."""
 
