@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dispatcher import store
-from dispatcher.store import api_data
+from dispatcher.store import tokens as token_store
 
 READ = "webhooks:read"
 WRITE = "webhooks:write"
@@ -75,7 +75,7 @@ def create_token(conn: store.Connection, workspace: str, scopes: Sequence[str],
     if expires_in is not None and not expires_in > 0:
         raise InvalidTokenRequest("a token's lifetime must be positive")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    api_data.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)), token[:PREFIX_CHARS], expires_in)
+    token_store.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)), token[:PREFIX_CHARS], expires_in)
     return token
 
 
@@ -129,7 +129,7 @@ class UnknownTokens:
 def authenticate(conn: store.Connection, token: str, scope: str, unknown: UnknownTokens) -> Principal:
     """The principal of ``token`` holding ``scope``; the caller checked ``unknown`` before taking ``conn``."""
     token_sha256 = hash_token(token)
-    found = api_data.lookup_token(conn, token_sha256, LAST_USED_EVERY)
+    found = token_store.lookup_token(conn, token_sha256, LAST_USED_EVERY)
     if found is None:
         unknown.remember(token_sha256)
         raise Unauthenticated("the bearer token is not valid")

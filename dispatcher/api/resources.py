@@ -2,7 +2,7 @@
 
 A responder authenticates first (so a malformed id from an anonymous client
 gets 401, not 404), parses its input with ``params`` (4xx on anything odd),
-and calls ``store.api_data`` for the work.  Store exceptions are turned into
+and calls the store (``store.deliveries``, ``store.endpoints``, ...) for the work.  Store exceptions are turned into
 problems by the handlers in ``problems``.
 """
 
@@ -29,7 +29,11 @@ from dispatcher.redact import mask_url
 from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.rules.replay_budget import ReplayBudget
 from dispatcher.signing import new_secret
-from dispatcher.store import Connection, api_data
+from dispatcher.store import Connection
+from dispatcher.store import audit as audit_store
+from dispatcher.store import deliveries as delivery_store
+from dispatcher.store import endpoints as endpoint_store
+from dispatcher.store import tokens as token_store
 
 # /healthz answers from a ping at most this old: a flood of probes costs one
 # database round trip per second, not one each.
@@ -127,7 +131,7 @@ def _ts(value: datetime | None) -> str | None:
 
 def delivery_json(row: dict[str, Any]) -> dict[str, Any]:
     """The public shape of a delivery; claim internals (locks, tokens) are never read."""
-    out = {key: row[key] for key in api_data.DELIVERY_COLUMNS}
+    out = {key: row[key] for key in delivery_store.DELIVERY_COLUMNS}
     for key in ("created_at", "next_attempt_at", "delivered_at", "finished_at"):
         out[key] = _ts(out[key])
     if "attempts" in row:
@@ -155,11 +159,11 @@ class Deliveries:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
             params.only(req, "event_id", "endpoint_id", "status", "since", "until", "limit", "cursor")
-            filters = api_data.DeliveryFilter(
+            filters = delivery_store.DeliveryFilter(
                 event_id=params.query_event_id(req), endpoint_id=params.query_int(req, "endpoint_id"),
                 status=params.status(req), since=params.query_timestamp(req, "since"),
                 until=params.query_timestamp(req, "until"))
-            return api_data.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
+            return delivery_store.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
                                             params.limit(req) + 1)
 
         resp.media = _page(read(self.ctx, req, auth.READ, query), params.limit(req))
@@ -175,7 +179,7 @@ class Delivery:
         def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            return api_data.get_delivery(conn, who.workspace_id, ident)
+            return delivery_store.get_delivery(conn, who.workspace_id, ident)
 
         resp.media = delivery_json(read(self.ctx, req, auth.READ, query))
 
@@ -188,7 +192,7 @@ class Replay:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, delivery_id: str) -> None:
         with path_action(self.ctx, req, delivery_id, "delivery") as (conn, who, ident):
-            row = api_data.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
+            row = delivery_store.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
         resp.media = delivery_json(row)
@@ -205,10 +209,11 @@ class EventDeliveries:
             event = params.event_id(event_id)
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
-            filters = api_data.DeliveryFilter(event_id=event)
-            rows = api_data.list_deliveries(conn, who.workspace_id, filters, before, limit + 1, with_attempts=True)
+            filters = delivery_store.DeliveryFilter(event_id=event)
+            rows = delivery_store.list_deliveries(conn, who.workspace_id, filters, before, limit + 1,
+                                                  with_attempts=True)
             # An event with no endpoint subscribed has no rows but does exist.
-            if not rows and before is None and not api_data.event_exists(conn, who.workspace_id, event):
+            if not rows and before is None and not delivery_store.event_exists(conn, who.workspace_id, event):
                 raise not_found(f"event {event[:80]!r} does not exist")
             return rows
 
@@ -246,7 +251,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
 
 
 def _shown_endpoint(ctx: ApiContext, conn: Connection, who: auth.Principal, ident: int) -> dict[str, Any]:
-    row = api_data.endpoint_state(conn, who.workspace_id, ident, ctx.secret_grace)
+    row = endpoint_store.endpoint_state(conn, who.workspace_id, ident, ctx.secret_grace)
     return endpoint_json(row, ctx.breaker, auth.WRITE in who.scopes)
 
 
@@ -260,7 +265,7 @@ class Endpoints:
         def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
-            rows = api_data.endpoints(conn, who.workspace_id, self.ctx.secret_grace, before, limit + 1)
+            rows = endpoint_store.endpoints(conn, who.workspace_id, self.ctx.secret_grace, before, limit + 1)
             whole = auth.WRITE in who.scopes
             return _page(rows, limit, lambda row: endpoint_json(row, self.ctx.breaker, whole))
 
@@ -312,18 +317,18 @@ class Endpoint:
         params.only(req)
         body = params.endpoint_fields(params.json_body(req, self.ctx.config.max_body_bytes), creating=False)
         _check_url(self.ctx, body.get("url"))
-        change = api_data.EndpointChange(url=body.get("url"), event_types=body.get("event_types"),
+        change = endpoint_store.EndpointChange(url=body.get("url"), event_types=body.get("event_types"),
                                          active=body.get("active"), description=body.get("description"),
                                          set_description="description" in body,
                                          owner_contact=body.get("owner_contact"),
                                          set_owner_contact="owner_contact" in body)
         with self.ctx.pool.connection() as conn:
-            api_data.update_endpoint(conn, who.workspace_id, ident, change, who.token_id)
+            endpoint_store.update_endpoint(conn, who.workspace_id, ident, change, who.token_id)
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
         with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
-            api_data.delete_endpoint(conn, who.workspace_id, ident, who.token_id)
+            endpoint_store.delete_endpoint(conn, who.workspace_id, ident, who.token_id)
         resp.status = falcon.HTTP_204
 
 
@@ -335,7 +340,7 @@ class BreakerClose:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
         with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
-            api_data.close_breaker(conn, who.workspace_id, ident, who.token_id)
+            endpoint_store.close_breaker(conn, who.workspace_id, ident, who.token_id)
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)
 
 
@@ -348,7 +353,7 @@ class SecretRotate:
     def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
         with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
             secret = new_secret()
-            until = api_data.rotate_endpoint_secret(conn, who.workspace_id, ident, secret, self.ctx.secret_grace,
+            until = endpoint_store.rotate_endpoint_secret(conn, who.workspace_id, ident, secret, self.ctx.secret_grace,
                                                     who.token_id)
         resp.media = {"endpoint_id": ident, "secret": secret, "previous_valid_until": until.isoformat()}
 
@@ -399,7 +404,7 @@ class Tokens:
         with session(self.ctx, req, auth.READ) as (conn, who):
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
-            rows = api_data.list_tokens(conn, who.workspace_id, before, limit + 1)
+            rows = token_store.list_tokens(conn, who.workspace_id, before, limit + 1)
         resp.media = _page(rows, limit, token_json)
 
 
@@ -418,7 +423,7 @@ class AuditLog:
         def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
             params.only(req, "endpoint_id", "limit", "cursor")
             endpoint_id, before = params.query_int(req, "endpoint_id"), params.cursor(req)
-            return api_data.list_audit(conn, who.workspace_id, endpoint_id, before, params.limit(req) + 1)
+            return audit_store.list_audit(conn, who.workspace_id, endpoint_id, before, params.limit(req) + 1)
 
         resp.media = _page(read(self.ctx, req, auth.READ, query), params.limit(req), audit_json)
 
@@ -433,7 +438,7 @@ def _stats_numbers(row: dict[str, Any] | None) -> dict[str, Any]:
             "p95_ms": None if row is None or row["p95_ms"] is None else int(row["p95_ms"])}
 
 
-def endpoint_stats_json(stats: api_data.StatsWindow, buckets: int) -> dict[str, Any]:
+def endpoint_stats_json(stats: endpoint_store.StatsWindow, buckets: int) -> dict[str, Any]:
     """Every endpoint with its totals and exactly ``buckets`` buckets, oldest first (empty ones as zeros)."""
     totals: dict[int, dict[str, Any]] = {}
     by_bucket: dict[int, dict[int, dict[str, Any]]] = {}
@@ -460,9 +465,10 @@ class EndpointStats:
         self.ctx = ctx
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        def query(conn: Connection, who: auth.Principal) -> api_data.StatsWindow:
+        def query(conn: Connection, who: auth.Principal) -> endpoint_store.StatsWindow:
             params.only(req, "window", "buckets")
-            return api_data.endpoint_stats(conn, who.workspace_id, params.stats_window(req), params.stats_buckets(req))
+            return endpoint_store.endpoint_stats(conn, who.workspace_id, params.stats_window(req),
+                                                 params.stats_buckets(req))
 
         resp.media = endpoint_stats_json(read(self.ctx, req, auth.READ, query), params.stats_buckets(req))
 
@@ -499,7 +505,7 @@ class Recover:
         # upload holds a greenlet, never one of the pool's few connections.
         since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
         with self.ctx.pool.connection() as conn:
-            result = api_data.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget,
+            result = delivery_store.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget,
                                       who.token_id)
         resp.status = falcon.HTTP_202
         resp.media = {"endpoint_id": ident, "queued": result.queued, "replay_units": result.units,
@@ -549,7 +555,7 @@ class HealthCheck:
     def _ping(self) -> bool:
         try:
             with self._pool.connection() as conn:
-                api_data.ping(conn)
+                store.ping(conn)
         except store.DatabaseUnavailable:
             return False
         return True

@@ -87,6 +87,12 @@ def is_check_violation(exc: QueryRejected) -> bool:
     return exc.pgcode == psycopg2.errorcodes.CHECK_VIOLATION
 
 
+def limit_or(exc: QueryRejected) -> StoreError:
+    """``exc`` as LimitReached when it is the 10-active-endpoints trigger's
+    refusal (a check_violation, migration 0001), else ``exc`` itself."""
+    return LimitReached(exc.detail or "endpoint limit reached") if is_check_violation(exc) else exc
+
+
 @contextmanager
 def translated() -> Iterator[None]:
     """Raise driver errors from the block as the store errors they mean."""
