@@ -23,6 +23,7 @@ from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.signing import new_secret
 from dispatcher.store import endpoints as endpoint_store
 from dispatcher.store import tokens as token_store
+from dispatcher.views import endpoint_json
 
 # Lists print every row; pages of this many are fetched.
 _PAGE = 100
@@ -88,8 +89,6 @@ def add_token_parsers(token: Any) -> None:
 
 
 def _endpoint_json(config: Config, row: dict[str, Any]) -> dict[str, Any]:
-    from dispatcher.api.resources import endpoint_json
-
     return endpoint_json(row, config.breaker.policy(), whole_url=True)
 
 
@@ -111,9 +110,9 @@ def _change(config: Config, args: argparse.Namespace, registrable: Callable[[Con
     types = [] if args.all_events else args.events
     description = None if args.description in (None, "") else args.description
     change = endpoint_store.EndpointChange(url=None if args.url is None else registrable(config, args.url),
-                                     event_types=types, active=args.active, description=description,
-                                     set_description=args.description is not None,
-                                     owner_contact=args.owner or None, set_owner_contact=args.owner is not None)
+                                           event_types=types, active=args.active, description=description,
+                                           set_description=args.description is not None,
+                                           owner_contact=args.owner or None, set_owner_contact=args.owner is not None)
     if not change.fields():
         raise UsageError("nothing to change: give --url, --events, --all-events, --description, --owner, --active "
                          "or --inactive")
