@@ -1007,12 +1007,12 @@ class TestFlagOff:
         self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         urls: dict[str, str],
     ) -> None:
-        from dispatcher.store import api_data
+        from dispatcher.store import endpoints
 
         ((own,),) = db.query("SELECT id FROM webhook_endpoints WHERE url = %s", (urls["all"],))
         endpoint_secret = "whsec_" + "ZW5kcG9pbnQtc2VjcmV0LWtleS1ieXRlcy0zMg=="
         with admin(db) as connection:
-            api_data.rotate_endpoint_secret(connection, None, own, endpoint_secret, 3600.0, token_id=None)
+            endpoints.rotate_endpoint_secret(connection, None, own, endpoint_secret, 3600.0, token_id=None)
         sender.send(conn, job())
         by_path = {r.path: r for r in receiver.received()}
         # The rotated endpoint: its new secret and, inside the grace, the workspace secret it signed with.

@@ -16,6 +16,7 @@ from typing import Any
 
 import falcon.testing
 import pytest
+from psycopg2.extensions import make_dsn
 
 from dispatcher import Event, WebhookSender, load_config
 from dispatcher.api import auth
@@ -208,6 +209,27 @@ class TestRolloutCommands:
         assert sql(db, "SELECT count(*) FROM workspaces WHERE id = 'ghost'") == [(0,)], "never created"
         assert_one_line_error(cli("-c", config, *prefix, "flag", "--id", "alpha", "webhook_outbox=maybe"),
                               ExitCode.USAGE, "webhook_outbox=maybe")
+
+    @pytest.mark.usefixtures("config")
+    def test_a_refused_write_is_one_line(self, db: Database, write_config: WriteConfig) -> None:
+        read_only = make_dsn(db.dsn, options="-c default_transaction_read_only=on")
+        config = write_config(db, database={"dsn": read_only})
+        for args in (["rollout", "set", "--percent", "5"], ["rollout", "include", "alpha"],
+                     ["workspace", "flag", "--id", "alpha", "webhook_outbox=default"]):
+            assert_one_line_error(cli("-c", config, *args), ExitCode.DATABASE_UNAVAILABLE, "read-only")
+        assert sql(db, "SELECT percent FROM rollout_settings") == [(0,)]
+
+    def test_a_statement_past_its_timeout_is_one_line(self, db: Database, write_config: WriteConfig) -> None:
+        config = write_config(db, database={"dsn": make_dsn(db.dsn, options="-c statement_timeout=300")})
+        blocker = db.connect()
+        try:
+            with blocker.cursor() as cur:
+                cur.execute("LOCK TABLE webhook_deliveries, rollout_settings IN ACCESS EXCLUSIVE MODE")
+            for args in (["rollout", "status"], ["gate", "phase3"]):
+                assert_one_line_error(cli("-c", config, *args), ExitCode.DATABASE_UNAVAILABLE, "too long")
+        finally:
+            blocker.rollback()
+            blocker.close()
 
     def test_unreachable_database_is_one_line(self, db: Database, write_config: WriteConfig) -> None:
         config = write_config(db, database={"dsn": UNREACHABLE_DSN})

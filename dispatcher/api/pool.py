@@ -33,7 +33,6 @@ import psycopg2
 import psycopg2.extensions
 
 from dispatcher import store
-from dispatcher.store import api_data
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class ConnectionPool:
     def _open(self) -> store.Connection:
         conn = store.connect(self._dsn, self._connect_timeout, self._application_name)
         try:
-            api_data.session_setup(conn, self._statement_timeout_ms)
+            store.session_setup(conn, self._statement_timeout_ms)
         except store.StoreError:
             conn.close()
             raise
