@@ -22,13 +22,13 @@ import falcon
 import falcon.media
 
 from dispatcher.api import auth, problems
-from dispatcher.api.pool import ConnectionPool, ReadRoute
+from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.resources.audit import AuditLog
 from dispatcher.api.resources.base import ApiContext, Resource
 from dispatcher.api.resources.deliveries import Deliveries, Delivery, EventDeliveries, Recover, Replay
 from dispatcher.api.resources.documents import Console, OpenApi
 from dispatcher.api.resources.endpoints import BreakerClose, Endpoint, Endpoints, SecretRotate
-from dispatcher.api.resources.health import Health, HealthCheck
+from dispatcher.api.resources.health import Health
 from dispatcher.api.resources.stats import EndpointStats
 from dispatcher.api.resources.tokens import Tokens
 from dispatcher.api.resources.workspace import WorkspaceSettings

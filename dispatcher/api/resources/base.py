@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import falcon
 
 from dispatcher.api import auth, params
-from dispatcher.api.pool import ConnectionPool, ReadRoute
+from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.problems import Problem, unprocessable
 from dispatcher.config import ApiConfig
 from dispatcher.outbound.netguard import OutboundPolicy, registration_refusal
@@ -25,10 +25,6 @@ from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.rules.replay_budget import ReplayBudget
 from dispatcher.store import Connection
 from dispatcher.views import delivery_json
-
-if TYPE_CHECKING:
-    from dispatcher.api.resources.health import HealthCheck
-
 
 T = TypeVar("T")
 
