@@ -23,7 +23,7 @@ from dispatcher.runtime.exitcodes import ExitCode
 from dispatcher.signing import secret_key
 from tests.conftest import TestDatabase as Database
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 UNREACHABLE_DSN = "host=127.0.0.1 port=1 dbname=nowhere user=postgres connect_timeout=3"
 WriteConfig = Callable[..., Path]
 

@@ -23,7 +23,7 @@ from dispatcher.api import auth
 from dispatcher.api.app import create_app
 from dispatcher.config import load_config
 from dispatcher.redact import mask_url
-from tests.test_api import World
+from tests.integration.test_api import World
 
 pytestmark = pytest.mark.timeout(120)
 

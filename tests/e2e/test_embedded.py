@@ -21,7 +21,7 @@ from dispatcher.config import DSN_ENV, DatabaseConfig
 from dispatcher.runtime.embedded import EmbeddedUnavailable, resolve_dsn
 from tests.support.embedded import stop
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

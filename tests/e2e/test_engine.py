@@ -132,7 +132,7 @@ def test_concurrency_cap_per_endpoint(db, write_config, tmp_path: Path, receiver
     assert receiver.endpoint("slow")["max_concurrency"] == 4
 
 
-# Dry run and shadow rows: tests/test_rollout_engine.py (a live row is never marked without a POST).
+# Dry run and shadow rows: tests/e2e/test_rollout_engine.py (a live row is never marked without a POST).
 
 
 def test_rows_that_can_never_be_sent_end_failed(db, write_config, tmp_path: Path, receiver: ReceiverProcess) -> None:

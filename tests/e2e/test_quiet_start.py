@@ -18,7 +18,7 @@ import yaml
 
 from dispatcher.runtime.embedded import LOG_NAME
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from dispatcher.cli.rollout import rank_lines
 from dispatcher.rules.rollout import bucket, outbox_on
 from dispatcher.runtime.exitcodes import ExitCode
 from tests.conftest import TestDatabase as Database
-from tests.test_cli import UNREACHABLE_DSN, assert_one_line_error, cli
+from tests.e2e.test_cli import UNREACHABLE_DSN, assert_one_line_error, cli
 
 WriteConfig = Callable[..., Path]
 SECRET = "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ="

@@ -20,8 +20,8 @@ from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.rules.retry import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED
 from dispatcher.signing import secret_key
 from dispatcher.store.engine import EngineStore, ManagedConnection
-from tests import test_api
-from tests.test_api import World, assert_problem, bearer
+from tests.integration import test_api
+from tests.integration.test_api import World, assert_problem, bearer
 
 # The history API tests' fixtures, shared rather than copied.
 world = test_api.world

@@ -1,7 +1,7 @@
 """The HTTP transports on the happy path and their error classification.
 
 Sending runs in a gevent-patched child process (``tests.support.post_green``)
-against loopback servers started here; see tests/faults/ for hostile receivers
+against loopback servers started here; see tests/e2e/faults/ for hostile receivers
 and the SSRF guard.
 """
 

@@ -36,7 +36,7 @@ from schemathesis.specs.openapi.checks import (
 from dispatcher.api.app import create_app
 from dispatcher.config import load_config
 from tests.conftest import REPO
-from tests.test_api import World
+from tests.integration.test_api import World
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,8 +19,8 @@ from dispatcher.rules.attempt import TransportResult
 from dispatcher.rules.breaker import BreakerSignal
 from dispatcher.rules.retry import Outcome, RetryPolicies, RetryPolicy, classify, terminal
 from dispatcher.store.engine import ClaimedRow
-from tests import test_api
-from tests.test_api import World, assert_problem, bearer
+from tests.integration import test_api
+from tests.integration.test_api import World, assert_problem, bearer
 
 STATS = "/v2/webhooks/endpoints/stats"
 HALF_HOUR = timedelta(minutes=30)

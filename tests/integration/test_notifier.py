@@ -1,6 +1,6 @@
 """Breaker notices to endpoint owners (issue 12 item 4, decisions Q3), engine-level:
 the real store, real breaker writes (EngineStore.update_breakers) and a real SMTP
-server in the test process (aiosmtpd).  tests/test_notifier_dispatcher.py runs
+server in the test process (aiosmtpd).  tests/e2e/test_notifier_dispatcher.py runs
 the same through the dispatcher itself."""
 
 from __future__ import annotations

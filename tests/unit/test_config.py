@@ -31,7 +31,7 @@ from dispatcher.config import (
 )
 from dispatcher.rules.retry import RetryPolicy
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = [REPO / "config" / "region.yaml", REPO / "config" / "local.yaml"]
 DOC = REPO / "docs" / "configuration.md"
 DOC_START = "<!-- BEGIN GENERATED: python -m dispatcher.config -->"

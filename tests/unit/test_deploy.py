@@ -21,7 +21,7 @@ from dispatcher.config import load_config
 from dispatcher.rules.health import BacklogRule
 from tests.support.metricsdoc import EMITTERS, documented, documented_names
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 PROMETHEUS = DEPLOY / "prometheus"
 OPERATIONS = REPO / "docs" / "operations.md"

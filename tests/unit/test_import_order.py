@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKER_MAIN = REPO / "dispatcher" / "runtime" / "worker_main.py"
 API_MAIN = REPO / "dispatcher" / "runtime" / "api_main.py"
 

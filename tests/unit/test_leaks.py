@@ -1,7 +1,7 @@
 """What leaks (issue 13 item 4): ports an operator denies, and tracebacks of
 unclassified transport errors.  The customer-facing reasons are checked in
-``test_engine_ssrf.py``, ``test_bad_input.py`` and ``tests/test_cli.py``;
-redaction of encoded secrets in ``test_redaction.py``.
+``tests/e2e/faults/test_engine_ssrf.py``, ``test_bad_input.py`` and ``tests/e2e/test_cli.py``;
+redaction of encoded secrets in ``tests/unit/test_redaction.py``.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from dispatcher.rules.retry import (
     terminal,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "retry-schedule.md"
 
 NOW = float(calendar.timegm((2026, 9, 22, 12, 0, 0)))  # Tue, 22 Sep 2026 12:00:00 GMT

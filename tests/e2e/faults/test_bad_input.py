@@ -1,10 +1,10 @@
 """Bad data: endpoint URLs that cannot be sent to, and a row whose processing raises.
 
 URLs are inserted straight into ``webhook_endpoints``, as outside tools may
-(the CLI refuses them up front: ``tests/test_cli.py``), and so are event ids
+(the CLI refuses them up front: ``tests/e2e/test_cli.py``), and so are event ids
 that cannot be a header (rows written before the producer refused them:
-``tests/test_producer.py::TestLimits``).  The missing-event
-case is ``tests/test_engine.py::test_rows_that_can_never_be_sent_end_failed``.
+``tests/integration/test_producer.py::TestLimits``).  The missing-event
+case is ``tests/e2e/test_engine.py::test_rows_that_can_never_be_sent_end_failed``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A worker frozen past its lease: the claim-token fence rejects its late results.
 
 SIGKILL of a worker holding 200 rows, stuck workers and TERM/INT are in
-``tests/test_supervisor.py``.
+``tests/e2e/test_supervisor.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every case ends with each row delivered at least once, none marked delivered
 without a recorded 2xx, and none left claimed.  The supervisor's own blip test
-(``tests/test_supervisor.py::test_database_blips_are_survived_without_losing_rows``)
+(``tests/e2e/test_supervisor.py::test_database_blips_are_survived_without_losing_rows``)
 checks that workers are not replaced for a blip.
 """
 
