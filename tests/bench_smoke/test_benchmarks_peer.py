@@ -77,6 +77,13 @@ def test_peer_dsn_becomes_an_asyncpg_url() -> None:
         "postgresql://u:p%40ss@127.0.0.1:6543/d?sslmode=disable"
 
 
+def test_a_socket_directory_goes_as_the_host_parameter() -> None:
+    """The embedded server listens on a unix socket: its directory must not be read as the database."""
+    url = peer.url_dsn("user=postgres password='' dbname=bench_x host='/tmp/a b/pgdata'")
+    assert url == "postgresql://postgres@/bench_x?host=%2Ftmp%2Fa+b%2Fpgdata"
+    assert peer.url_dsn("host=/run/pg port=5433 dbname=d") == "postgresql:///d?host=%2Frun%2Fpg&port=5433"
+
+
 @pytest.mark.skipif(peer.missing_tools() is not None and "nginx" in (peer.missing_tools() or ""),
                     reason="nginx is not installed (apt-get install -y nginx)")
 def test_nginx_answers_204_on_keep_alive_and_logs_each_request(tmp_path: Path) -> None:

@@ -6,13 +6,13 @@ exists`` / ``does not exist``), session settings and session advisory locks
 (every worker "won" the upkeep leadership).  The test starts Debian's
 ``pgbouncer`` (``.ci/run`` installs it) on a loopback port in front of the test
 Postgres, and runs migrate, a producer, two worker processes and the API
-through it.
+through it.  pgbouncer reaches the server the way the test DSN names it: over
+TCP, or over the unix socket of the embedded server (``host=`` a directory).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2.extensions
 import pytest
 
 from dispatcher_devtools.kit import Dispatcher, free_port, produce, query, seed_workspace, status_counts
@@ -33,11 +34,21 @@ PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 EVENTS = 2000
 
 
-def _dsn_part(dsn: str, key: str) -> str:
-    match = re.search(rf"(?:^|\s){key}=(\S+)", dsn)
-    if not match:
-        pytest.fail(f"the test DSN {dsn!r} has no {key}=")
-    return match.group(1)
+def _server_address(dsn: str) -> tuple[str, str]:
+    """``(host, port)`` of the server ``dsn`` names; the host may be a unix socket directory."""
+    params = psycopg2.extensions.parse_dsn(dsn)
+    host = params.get("host") or ""
+    if not host:
+        pytest.fail(f"the test DSN {dsn!r} names no host (a TCP host or a socket directory)")
+    return host, params.get("port") or "5432"
+
+
+def _run_as(host: str) -> str:
+    """The user a root-started pgbouncer drops to (it refuses to run as root): one that can
+    reach the server, i.e. the owner of its socket directory, else Debian's ``postgres``."""
+    if host.startswith("/") and Path(host).owner() != "root":
+        return Path(host).owner()
+    return "postgres"
 
 
 @pytest.fixture
@@ -54,7 +65,7 @@ def pgbouncer(empty_db) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 def _run_pgbouncer(folder: Path, server_dsn: str) -> Iterator[str]:
     port = free_port()
-    host, server_port = _dsn_part(server_dsn, "host"), _dsn_part(server_dsn, "port")
+    host, server_port = _server_address(server_dsn)
     (folder / "userlist.txt").write_text('"postgres" ""\n')
     ini = folder / "pgbouncer.ini"
     ini.write_text(f"""[databases]
@@ -74,7 +85,7 @@ pidfile = {folder}/pgbouncer.pid
 """)
     command = [PGBOUNCER, str(ini)]
     if os.geteuid() == 0:
-        command[1:1] = ["-u", "postgres"]
+        command[1:1] = ["-u", _run_as(host)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         give_up = time.monotonic() + 15
@@ -89,7 +100,7 @@ pidfile = {folder}/pgbouncer.pid
                                 f"{process.stdout.read() if process.stdout and process.poll() is not None else ''}"
                                 f"{log[-2000:]}")
                 time.sleep(0.1)
-        yield re.sub(r"port=\d+", f"port={port}", server_dsn)
+        yield psycopg2.extensions.make_dsn(server_dsn, host="127.0.0.1", port=str(port))
     finally:
         process.terminate()
         try:
