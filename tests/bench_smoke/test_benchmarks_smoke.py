@@ -9,7 +9,7 @@ import pytest
 from benchmarks.cli import SCENARIOS, print_table, run_scenario
 from benchmarks.peer import missing_tools
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # the fixture runs every scenario (peer: 4 toy drains)
+pytestmark = pytest.mark.timeout(300)  # the fixture runs every scenario (peer: 4 toy drains)
 
 KEYS = {
     "ceiling": {"transports", "receiver", "bare_loop"},

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from dispatcher.config import DSN_ENV, DatabaseConfig
@@ -22,8 +21,6 @@ from dispatcher.runtime.embedded import EmbeddedUnavailable, resolve_dsn
 from tests.support.embedded import stop
 
 REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.slow
 
 RUN = r"""
 import json, sys

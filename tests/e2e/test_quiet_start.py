@@ -13,14 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from dispatcher.runtime.embedded import LOG_NAME
 
 REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.slow
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -352,7 +352,6 @@ def test_rotation_returns_the_new_secret_once_and_both_sign_during_the_grace(wor
     assert [a[1] for a in _audit(world)] == ["endpoint.secret_rotate"] * 2
 
 
-@pytest.mark.slow
 def test_during_the_grace_the_receiver_gets_both_signatures(db, world, make_client, write_config,
                                                             tmp_path: Path) -> None:
     from standardwebhooks import Webhook
@@ -379,7 +378,6 @@ def test_during_the_grace_the_receiver_gets_both_signatures(db, world, make_clie
         assert new[6:] not in (tmp_path / "dispatcher.log").read_text()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("secret", ["", "whsec_"])
 def test_an_empty_secret_never_produces_an_unsigned_delivery(db, world, write_config, tmp_path: Path,
                                                              secret: str) -> None:

@@ -37,7 +37,7 @@ from dispatcher_devtools.kit import (
 )
 from dispatcher_devtools.receiver import ReceiverProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 LEASED = "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL"
 # Rows that are pending but pushed into the future: a lease that was left to lapse.

@@ -504,7 +504,6 @@ class _Capture(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.slow
 def test_a_replay_is_delivered_with_the_same_idempotency_key(db, world, make_client, write_config,
                                                              tmp_path: Path) -> None:
     from standardwebhooks import Webhook
@@ -842,7 +841,6 @@ def _http(port: int, path: str, token: str | None = None) -> tuple[int, Any]:
         return error.code, json.loads(error.read())
 
 
-@pytest.mark.slow
 def test_the_cli_serves_the_api_under_gevent_and_stops_cleanly_on_sigterm(world, db, write_config) -> None:
     ws = world.workspace("acme")
     ep = world.endpoint(ws)
