@@ -59,7 +59,7 @@ def console_url(db, write_config) -> Iterator[str]:
 @pytest.fixture
 def browser() -> Iterator[Any]:
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (.ci/run does)", pytrace=False)
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (tests/setup.sh does)", pytrace=False)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

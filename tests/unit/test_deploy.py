@@ -2,7 +2,7 @@
 the Grafana dashboard and the systemd units, each checked against the
 contract it serves (docs/metrics.md, the config, docs/operations.md).
 
-promtool comes from Debian's ``prometheus`` package (.ci/run installs it); a
+promtool comes from Debian's ``prometheus`` package (tests/setup.sh installs it); a
 test that needs it fails when it is missing, never skips."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ OPERATIONS = REPO / "docs" / "operations.md"
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        pytest.fail("promtool is missing: apt-get install -y prometheus (.ci/run does)", pytrace=False)
+        pytest.fail("promtool is missing: apt-get install -y prometheus (tests/setup.sh does)", pytrace=False)
     return path
 
 

@@ -4,7 +4,7 @@ A transaction pooler hands each transaction to whichever server connection is
 free, so session state means nothing: prepared statements (``42P05 already
 exists`` / ``does not exist``), session settings and session advisory locks
 (every worker "won" the upkeep leadership).  The test starts Debian's
-``pgbouncer`` (``.ci/run`` installs it) on a loopback port in front of the test
+``pgbouncer`` (``tests/setup.sh`` installs it) on a loopback port in front of the test
 Postgres, and runs migrate, a producer, two worker processes and the API
 through it.  pgbouncer reaches the server the way the test DSN names it: over
 TCP, or over the unix socket of the embedded server (``host=`` a directory).
@@ -55,7 +55,7 @@ def _run_as(host: str) -> str:
 def pgbouncer(empty_db) -> Iterator[str]:  # type: ignore[no-untyped-def]
     """A pgbouncer (pool_mode transaction) in front of the test database; yields its DSN."""
     if not Path(PGBOUNCER).exists():
-        pytest.fail("pgbouncer is not installed (apt-get install pgbouncer; .ci/run does it)")
+        pytest.fail("pgbouncer is not installed (apt-get install pgbouncer; tests/setup.sh does it)")
     with tempfile.TemporaryDirectory(prefix="dispatcher-pgbouncer-") as path:
         folder = Path(path)
         # pgbouncer refuses to run as root: it drops to postgres (-u), which must write here.
