@@ -44,8 +44,8 @@ def pg_server_dsn() -> str:
     """The test server's DSN: ``DISPATCHER_TEST_DSN``, else the embedded server's.
 
     pytest-xdist runs one session per worker, so several may ask at once: a file
-    lock beside the data directory lets the first start the one shared server
-    and the others reuse it (it is left running, as the embedded server is).
+    lock beside the data directory lets the first start (or initialise) the one
+    shared server and the others reuse it; it stays up for the next session.
     """
     dsn = os.environ.get("DISPATCHER_TEST_DSN")
     if dsn:
