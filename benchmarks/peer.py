@@ -115,6 +115,9 @@ def url_dsn(dsn: str) -> str:
     auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
     host, port = params.pop("host", ""), params.pop("port", None)
     dbname = quote(params.pop("dbname", ""), safe="")
+    if host.startswith("/"):  # a unix socket directory has no place in the URL's authority: it goes as ?host=
+        params = {"host": host, **({"port": port} if port else {}), **params}
+        host, port = "", None
     query = urlencode(params)
     return f"postgresql://{auth}{host}{':' + port if port else ''}/{dbname}" + (f"?{query}" if query else "")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 from hypothesis import settings
 
 from dispatcher_devtools.kit import Database, ServerUnreachable, config_for_test, scratch_database
@@ -39,15 +40,22 @@ TestDatabase = Database
 
 
 @pytest.fixture(scope="session")
-def pg_server_dsn() -> Iterator[str]:
+def pg_server_dsn() -> str:
+    """The test server's DSN: ``DISPATCHER_TEST_DSN``, else the embedded server's.
+
+    pytest-xdist runs one session per worker, so several may ask at once: a file
+    lock beside the data directory lets the first start (or initialise) the one
+    shared server and the others reuse it; it stays up for the next session.
+    """
     dsn = os.environ.get("DISPATCHER_TEST_DSN")
     if dsn:
-        yield dsn
-        return
+        return dsn
     from dispatcher.runtime.embedded import start_embedded
 
-    data_dir = Path(os.environ.get("DISPATCHER_TEST_PGDATA", REPO / ".dispatcher" / "test-pgdata"))
-    yield start_embedded(data_dir)
+    data_dir = Path(os.environ.get("DISPATCHER_TEST_PGDATA", REPO / ".dispatcher" / "test-pgdata")).resolve()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(data_dir.parent / f"{data_dir.name}.start.lock"):
+        return start_embedded(data_dir)
 
 
 @contextmanager

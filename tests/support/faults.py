@@ -1,4 +1,4 @@
-"""Helpers for the fault tests (``tests/faults/``): a throwaway Postgres, the API
+"""Helpers for the fault tests (``tests/e2e/faults/``): a throwaway Postgres, the API
 server process, database dumps, and a worker run in a gevent-patched child.
 
 Everything here stays on loopback (or a Unix socket).  The pytest process never
