@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "dispatcher"
+PACKAGE = Path(__file__).resolve().parents[2] / "dispatcher"
 
 # layer -> the dispatcher layers or modules it must never import ("*" in allowed_runtime: any).
 FORBIDDEN: dict[str, tuple[str, ...]] = {

@@ -18,7 +18,7 @@ import pytest
 from dispatcher.store import QUERIES
 from tests.conftest import TestDatabase as Database
 
-SQL = Path(__file__).resolve().parent.parent / "dispatcher" / "sql"
+SQL = Path(__file__).resolve().parents[2] / "dispatcher" / "sql"
 
 # A comparison of locked_until, either way round, or a coalesce() of it.
 # Assignments (SET locked_until = ...) are not comparisons and do not match.

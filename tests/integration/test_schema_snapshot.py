@@ -24,7 +24,7 @@ from dispatcher_devtools import schema
 from dispatcher_devtools.kit import scratch_database
 from tests.conftest import TestDatabase as Database
 
-SNAPSHOT = Path(__file__).resolve().parent.parent / "dispatcher" / "sql" / "schema.sql"
+SNAPSHOT = Path(__file__).resolve().parents[2] / "dispatcher" / "sql" / "schema.sql"
 REGENERATE = ("dispatcher/sql/schema.sql does not match the migrations; regenerate it from a database "
               "migrated with the numbered files:\n"
               "    python -m dispatcher_devtools.schema DSN > dispatcher/sql/schema.sql")
