@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="throughput and hot's spread case: the receiver (mock: verifies signatures; nginx: "
                              "Debian's nginx answering 204, as the peer scenario uses)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="peer: how many times to run the order peer, ours, ours, peer (default: 1)")
+                        help="peer: how many times to run the order peer, ours, ours, peer after the sweep of "
+                             "the peer's tunings (default: 1)")
     args = parser.parse_args(argv)
     if args.max_in_flight is not None and args.max_in_flight < 1:
         parser.error("--max-in-flight must be a positive number")
