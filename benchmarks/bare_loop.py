@@ -8,8 +8,9 @@ fast transport as the engine.  It exits when a claim finds nothing and
 nothing is in flight.
 
 ``python -m benchmarks.bare_loop --probe URL --client KIND --seconds S``
-instead measures one HTTP client alone: 32 greenlets POSTing a 1 KiB body to
-``URL`` for ``S`` seconds, and prints ``{"requests": n, "seconds": s}``.
+instead measures one HTTP client alone: 32 greenlets (``--concurrency``) POSTing a
+1 KiB body to ``URL`` for ``S`` seconds over as many keep-alive connections, and
+prints ``{"requests": n, "seconds": s}`` (n: the 2xx answers).
 """
 
 import dispatcher_devtools.green  # noqa: F401, I001  -- first: the dev tools' one patch preamble
@@ -131,7 +132,7 @@ def probe(url: str, kind: str, seconds: float, concurrency: int = 32, secret: st
     def client() -> None:
         while time.monotonic() < deadline:
             result = transport.post(url, headers, body)
-            if result.status == 200:
+            if result.status is not None and 200 <= result.status < 300:  # nginx answers 204
                 count[0] += 1
 
     started = time.monotonic()

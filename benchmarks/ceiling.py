@@ -43,12 +43,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _bare(*args: str) -> subprocess.Popen[bytes]:
+def bare_process(*args: str) -> subprocess.Popen[bytes]:
+    """``python -m benchmarks.bare_loop ARGS`` (gevent-patched) with its output piped."""
     return subprocess.Popen([sys.executable, "-m", "benchmarks.bare_loop", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=_env(), cwd=REPO)
 
 
-def _finish(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+def bare_result(process: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    """The JSON a :func:`bare_process` printed last; RuntimeError when it failed."""
     out, err = process.communicate(timeout=timeout)
     if process.returncode != 0:
         raise RuntimeError(f"bare loop failed ({process.returncode}): {err.decode(errors='replace')[-2000:]}")
@@ -62,7 +64,8 @@ def transports(seconds: float, rounds: int = 2) -> dict[str, Any]:
         url = receiver.url("ok", "probe")
         for _ in range(rounds):
             for kind in KINDS:
-                result = _finish(_bare("--probe", url, "--client", kind, "--seconds", str(seconds)), seconds + 60)
+                result = bare_result(bare_process("--probe", url, "--client", kind, "--seconds", str(seconds)),
+                                     seconds + 60)
                 runs[kind].append(round(result["requests"] / result["seconds"], 1))
                 cpu_per_request[kind].append(round(result["cpu_s"] * 1e6 / max(1, result["requests"]), 1))
     best = {kind: max(values) for kind, values in runs.items()}
@@ -76,9 +79,9 @@ def receiver_ceiling(seconds: float) -> dict[str, Any]:
     with ReceiverProcess(secrets=[SECRET]) as receiver:
         url = receiver.url("ok", "ceiling")
         before = receiver.stats(fast=True)
-        clients = [_bare("--probe", url, "--client", "geventhttpclient", "--seconds", str(seconds),
+        clients = [bare_process("--probe", url, "--client", "geventhttpclient", "--seconds", str(seconds),
                          "--concurrency", "64", "--secret", SECRET) for _ in range(2)]
-        results = [_finish(c, seconds + 60) for c in clients]
+        results = [bare_result(c, seconds + 60) for c in clients]
         after = receiver.stats(fast=True)
     requests = sum(r["requests"] for r in results)
     elapsed = max(r["seconds"] for r in results)
@@ -104,8 +107,8 @@ def bare_loop(events: int, workspaces: int = 100, processes: int = 2) -> dict[st
         pg = PostgresProcesses(db.name)
         loops: list[subprocess.Popen[bytes]] = []
         meter = CpuMeter({"postgres": pg.ours, "receiver": lambda: process_tree(receiver.pid)}).start()
-        loops.extend(_bare("--dsn", db.dsn) for _ in range(processes))
-        results = [_finish(loop, 600) for loop in loops]
+        loops.extend(bare_process("--dsn", db.dsn) for _ in range(processes))
+        results = [bare_result(loop, 600) for loop in loops]
         cpu = meter.stop()
         # The loops report their own CPU (getrusage at exit, boot included): a
         # sampler would miss their last moments.

@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.harness import load_average, machine
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
-                               "tls", "failover", "internet", "scaleout", "peer", "dbcost")
+                               "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -33,16 +33,17 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
-    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout", "peer"):
+    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout", "peer", "hot"):
         kwargs["client"] = client
         kwargs["processes"] = processes
     if name == "internet":
         kwargs["seconds"] = duration
         kwargs["max_in_flight"] = max_in_flight
+    if name in ("throughput", "hot"):
+        kwargs["receiver"] = receiver
     if name == "throughput":
         kwargs["ceiling"] = context.get("ceiling")
         kwargs["max_per_second"] = max_per_second
-        kwargs["receiver"] = receiver
     if name == "peer":
         kwargs["rounds"] = rounds
     if name == "isolation":
@@ -124,10 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-in-flight", type=int, default=None,
                         help="internet: the workers' max_in_flight (default: the config default)")
     parser.add_argument("--receiver", choices=("mock", "nginx"), default="mock",
-                        help="throughput: the receiver (mock: verifies signatures; nginx: Debian's nginx answering "
-                             "204, as the peer scenario uses)")
+                        help="throughput and hot's spread case: the receiver (mock: verifies signatures; nginx: "
+                             "Debian's nginx answering 204, as the peer scenario uses)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="peer: how many times to run the order peer, ours, ours, peer (default: 1)")
+                        help="peer: how many times to run the order peer, ours, ours, peer after the sweep of "
+                             "the peer's tunings (default: 1)")
     args = parser.parse_args(argv)
     if args.max_in_flight is not None and args.max_in_flight < 1:
         parser.error("--max-in-flight must be a positive number")

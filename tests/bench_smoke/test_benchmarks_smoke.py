@@ -4,12 +4,15 @@ nothing, and CI machines are shared."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.cli import SCENARIOS, print_table, run_scenario
 from benchmarks.peer import missing_tools
 
-pytestmark = pytest.mark.timeout(300)  # the fixture runs every scenario (peer: 4 toy drains)
+# Each scenario runs in the first test that asks for it (peer: 6 toy drains, hot: 7), within that test's timeout.
+pytestmark = pytest.mark.timeout(300)
 
 KEYS = {
     "ceiling": {"transports", "receiver", "bare_loop"},
@@ -25,24 +28,36 @@ KEYS = {
     "internet": {"commit_to_first_attempt", "healthy_p99_ratio_to_baseline", "breakers_opened", "worker_rss_mb",
                  "worker_open_fds", "max_in_flight_limited", "met_by_target", "faulty", "baseline"},
     "scaleout": {"one_supervisor", "two_supervisors", "ratio_two_to_one", "conflicts"},
-    "peer": {"runs", "order", "ours_median_per_s", "peer_median_per_s", "ratio", "versions", "peer_tuning"},
+    "peer": {"runs", "order", "ours_median_per_s", "peer_median_per_s", "ratio", "versions", "peer_tuning",
+             "sweep"},
     "dbcost": {"postgres_cpu_ms_per_delivery", "claim_cpu_ms_per_delivery", "record_cpu_ms_per_delivery",
                "wal_bytes_per_delivery", "outbox_hot_updates"},
+    "hot": {"one_endpoint_10ms", "one_endpoint_fast", "spread_100_vs_1000", "hot_among_999", "errors"},
 }
 # Scenarios that need what pip's test extra does not bring: why each cannot run here, or None.
 NEEDS = {"peer": missing_tools}
 
 
-@pytest.fixture(scope="module")
-def results(pg_server_dsn: str, monkeypatch_module: pytest.MonkeyPatch) -> dict[str, dict]:
-    monkeypatch_module.setenv("BENCH_PG_DSN", pg_server_dsn)
-    context: dict = {}
-    results = {}
-    for name in SCENARIOS:
+class Results(dict[str, dict[str, Any]]):
+    """Each scenario's tiny result, run the first time a test asks for it (so ``-k hot`` runs only
+    ``hot``); figures carried between scenarios flow in the order they ran, as in the CLI."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.context: dict[str, Any] = {}
+
+    def __missing__(self, name: str) -> dict[str, Any]:
         reason = NEEDS[name]() if name in NEEDS else None
-        results[name] = {"scenario": name, "skipped": reason} if reason else \
-            run_scenario(name, tiny=True, context=context)
-    return results
+        result: dict[str, Any] = {"scenario": name, "skipped": reason} if reason else \
+            run_scenario(name, tiny=True, context=self.context)
+        self[name] = result
+        return result
+
+
+@pytest.fixture(scope="module")
+def results(pg_server_dsn: str, monkeypatch_module: pytest.MonkeyPatch) -> Results:
+    monkeypatch_module.setenv("BENCH_PG_DSN", pg_server_dsn)
+    return Results()
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +113,47 @@ def test_peer_alternates_both_systems_and_every_request_carried_its_signature(re
     peers = [run for run in result["runs"] if run["system"] == "peer"]
     assert all(run["pgqueuer_log"]["successful"] == run["deliveries"] and run["jobs_left"] == 0 for run in peers)
     assert result["ratio"] is not None
+
+
+def test_peer_sweeps_its_tunings_and_runs_the_best(results: dict[str, dict]) -> None:
+    result = results["peer"]
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    points = result["sweep"]["points"]
+    assert [(p["batch_size"], p["max_concurrent_tasks"]) for p in points] == [(50, 100), (500, 1000)]
+    for point in points:
+        assert "error" not in point, point
+        assert point["deliveries"] == result["sweep"]["deliveries"] > 0 and point["deliveries_per_s"]
+        assert point["lost"] == point["duplicates"] == 0
+    best = result["sweep"]["best"]
+    assert best["deliveries_per_s"] == max(p["deliveries_per_s"] for p in points)
+    chosen = {"batch_size": best["batch_size"], "max_concurrent_tasks": best["max_concurrent_tasks"]}
+    assert chosen.items() <= result["peer_tuning"].items()
+    for run in result["runs"]:
+        if run["system"] == "peer":
+            assert run["tuning"] == result["peer_tuning"]
+
+
+def test_hot_measures_each_case_against_its_baseline_in_the_same_run(results: dict[str, dict]) -> None:
+    hot = results["hot"]
+    assert hot["errors"] == [], [hot[name].get("traceback") for name in hot["errors"]]
+    for name in ("one_endpoint_10ms", "one_endpoint_fast"):
+        case = hot[name]
+        assert len(case["ceiling_probes_per_s"]) == 2 and min(case["ceiling_probes_per_s"]) > 0, name
+        assert case["groups"]["hot"]["delivered"] == case["pending"] > 0 and case["lost"] == 0
+        assert case["ratio_to_ceiling"] is not None and case["log"]["attempt_lines"] == case["pending"]
+    assert 1 <= hot["one_endpoint_10ms"]["max_concurrency"], "the mock counted requests in flight"
+    spread = hot["spread_100_vs_1000"]
+    assert [spread[key]["endpoints"] for key in ("endpoints_100", "endpoints_1000")] == [100, 1000]
+    for key in ("endpoints_100", "endpoints_1000"):
+        assert spread[key]["statuses"] == {"delivered": spread[key]["deliveries"]} and spread[key]["deliveries"] > 0
+    among = hot["hot_among_999"]
+    alone, beside = among["without_hot"]["groups"], among["with_hot"]["groups"]
+    assert set(alone) == {"others"} and set(beside) == {"others", "hot"}
+    assert alone["others"]["rows"] == beside["others"]["rows"] == 999 * among["others_pending_each"]
+    assert beside["hot"]["rows"] == among["hot_pending"]
+    assert among["others_seconds_with_hot"] and among["others_seconds_without_hot"]
+    assert among["max_concurrency_any_endpoint"] >= 1 and among["max_concurrency_hot"] >= 1
 
 
 def test_internet_runs_every_endpoint_class_and_a_healthy_baseline(results: dict[str, dict]) -> None:
