@@ -43,7 +43,7 @@ def test_dry_run_sends_live_rows_and_marks_only_shadow_rows(db, write_config, tm
                          "LEFT JOIN webhook_delivery_attempts a ON a.delivery_id = d.id "
                          "GROUP BY d.mode ORDER BY d.mode") == [("live", 3), ("shadow", 0)]
     (line,) = [line for line in log.splitlines() if DRY_RUN_WARNING in line]
-    assert " WARNING " in line and "dispatcher.runtime.supervisor" in line
+    assert " WARNING " in line and "dispatcher.supervisor" in line
 
 
 @pytest.mark.parametrize("switch_off", ["flag", "percent"])
