@@ -5,7 +5,7 @@ numbers): retries from 200 ms doubling to 1 s, a retry ceiling of 6 s, the
 breaker opening after 20 consecutive failures for 1 s.  The endpoint's port is
 bound but not listening (connection refused) while the events are produced
 and until every row is ``dead``.  Then a receiver starts on that very port and
-``POST /v2/webhooks/endpoints/{id}/recover`` (``store.api_data.recover``, what
+``POST /v2/webhooks/endpoints/{id}/recover`` (``store.deliveries.recover``, what
 the API runs) re-queues the dead rows.  Checks: no row lost, every row dead
 at (not before) the ceiling, every event delivered after the recover.
 """
@@ -26,7 +26,7 @@ from benchmarks.harness import (
 from dispatcher import Event, WebhookSender
 from dispatcher.config import config_from_mapping
 from dispatcher.rules.replay_budget import ReplayBudget
-from dispatcher.store import api_data
+from dispatcher.store import deliveries
 from dispatcher_devtools.kit import SECRET, bench_config, seed_endpoints, wait_until
 from dispatcher_devtools.receiver import ReceiverProcess
 
@@ -65,8 +65,8 @@ def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> di
             reserved.close()
             with ReceiverProcess(secrets=[SECRET], port=port) as receiver:
                 back_at = time.monotonic()
-                recovered = api_data.recover(db.connect(), "ws0", endpoint_id, started - timedelta(minutes=1), None,
-                                             ReplayBudget(100), token_id=None)  # no API token: no audit row
+                recovered = deliveries.recover(db.connect(), "ws0", endpoint_id, started - timedelta(minutes=1), None,
+                                               ReplayBudget(100), token_id=None)  # no API token: no audit row
                 wait_until(lambda: db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
                            == events, timeout=60, interval=0.2, message="every recovered row to be delivered")
                 delivered_after_s = time.monotonic() - back_at

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -22,7 +21,9 @@ from typing import Any
 
 import yaml
 
+from dispatcher import durations
 from dispatcher.contacts import InvalidContact, check_email
+from dispatcher.durations import format_duration
 from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.rules.health import BacklogRule, FleetRule
 from dispatcher.rules.retry import RetryPolicies, RetryPolicy
@@ -50,19 +51,12 @@ class ConfigError(ValueError):
 
 Parser = Callable[[Any], Any]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def parse_duration(value: Any) -> float:
-    """``250ms``, ``10s``, ``5m``, ``24h``, ``30d`` -> seconds."""
-    if isinstance(value, str):
-        match = _DURATION.match(value)
-        if match:
-            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-            if 0 < seconds < math.inf:
-                return seconds
-    raise ConfigError(f"{value!r} is not a duration (write e.g. 250ms, 10s, 5m, 24h)")
+    """``250ms``, ``10s``, ``5m``, ``24h``, ``30d`` -> seconds (the syntax: ``dispatcher.durations``)."""
+    try:
+        return durations.parse_duration(value)
+    except durations.DurationError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _positive_int(value: Any) -> int:
@@ -338,7 +332,7 @@ class ProducerConfig:
     shadow_writes: bool = setting(False, _boolean, "flag off: also write mode='shadow' rows (rollout phase 0)")
     legacy_timeout: float = setting(5.0, parse_duration, "timeout of the synchronous path used when the flag is off")
     # Every claimed delivery holds its event's payload in a worker's memory (issue 13: one 50 MB
-    # event to 10 endpoints took a worker to ~1 GB); decisions 2026-12-01 set 256 KiB.
+    # event to 10 endpoints took a worker to ~1 GB); 256 KiB is docs/decisions.md, Limits.
     max_payload_bytes: int = setting(256 * 1024, _positive_int,
                                      "largest event payload send() accepts: its compact JSON, in UTF-8 bytes")
 
@@ -401,7 +395,7 @@ def _policy_overrides(value: Any) -> PolicyOverrides:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    # The defaults are the policy's own (decisions.md "Retry schedule"), declared once there.
+    # The defaults are the policy's own (docs/decisions.md, Retry schedule), declared once there.
     base: float = setting(_RETRY_DEFAULTS.base, parse_duration, "first retry gap; each later gap doubles")
     max_interval: float = setting(_RETRY_DEFAULTS.max_interval, parse_duration, "largest gap between two attempts")
     ceiling: float = setting(_RETRY_DEFAULTS.ceiling, parse_duration,
@@ -536,15 +530,6 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"config file {file} is not valid YAML{where}") from None
     return config_from_mapping(raw or {}, env, source=str(file))
-
-
-def format_duration(seconds: float) -> str:
-    """The inverse of :func:`parse_duration`, in the largest whole unit (``24h``, ``500ms``)."""
-    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0)):
-        count = seconds / size
-        if count >= 1 and count == int(count) and not (unit == "d" and count < 2):
-            return f"{int(count)}{unit}"
-    return f"{seconds * 1000:g}ms"
 
 
 def _shown(f: dataclasses.Field[Any]) -> str:

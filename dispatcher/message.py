@@ -18,7 +18,7 @@ from dispatcher.version import __version__
 
 USER_AGENT = f"Larkspur-Webhooks/{__version__}"
 
-# Event ids (decisions 2026-12-01: printable, at most 200 characters).  An id
+# Event ids (docs/decisions.md, Limits: printable, at most 200 characters).  An id
 # travels as the value of two headers (Idempotency-Key, webhook-id) and inside
 # the signed content, so "printable" is narrowed to visible ASCII: a control
 # character (CR/LF) cannot be put in a header at all, receivers strip a leading

@@ -755,7 +755,7 @@ def test_statement_timeout_is_503_not_500(world, db, make_client) -> None:
 
 
 def test_unexpected_errors_are_logged_and_answered_with_a_problem(world, make_client, monkeypatch, caplog) -> None:
-    from dispatcher.store import api_data
+    from dispatcher.store import deliveries
 
     client = make_client()
     ws = world.workspace("acme")
@@ -763,7 +763,7 @@ def test_unexpected_errors_are_logged_and_answered_with_a_problem(world, make_cl
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(api_data, "list_deliveries", broken)
+    monkeypatch.setattr(deliveries, "list_deliveries", broken)
     body = assert_problem(client.simulate_get("/v2/webhooks/deliveries", headers=bearer(world.token(ws))), 500)
     assert "a bug" not in json.dumps(body)
     assert any("a bug" in (r.exc_text or "") or (r.exc_info and "a bug" in str(r.exc_info[1]))

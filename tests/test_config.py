@@ -24,9 +24,7 @@ from dispatcher.config import (
     ConfigError,
     config_from_mapping,
     describe_settings,
-    format_duration,
     load_config,
-    parse_duration,
     settings_markdown,
 )
 from dispatcher.rules.retry import RetryPolicy
@@ -141,22 +139,7 @@ class TestErrors:
 
 
 class TestDurations:
-    @pytest.mark.parametrize(
-        ("text", "seconds"),
-        [("100ms", 0.1), ("250ms", 0.25), ("10s", 10.0), ("1.5s", 1.5), ("5m", 300.0), ("24h", 86400.0),
-         ("30d", 2592000.0), (" 10s ", 10.0)],
-    )  # fmt: skip
-    def test_parse(self, text: str, seconds: float) -> None:
-        assert parse_duration(text) == pytest.approx(seconds)
-
-    @pytest.mark.parametrize("value", ["10", "10x", "-5s", "0ms", "", "s", "1e3s", "ten s", 10, 1.5, None, True])
-    def test_refused(self, value: Any) -> None:
-        with pytest.raises(ConfigError, match="not a duration"):
-            parse_duration(value)
-
-    @pytest.mark.parametrize("text", ["100ms", "250ms", "10s", "5m", "24h", "30d", "90s", "36h"])
-    def test_format_round_trips(self, text: str) -> None:
-        assert format_duration(parse_duration(text)) == text
+    # The syntax and its refusals: tests/test_durations.py.
 
     def test_a_compressed_schedule_loads(self) -> None:
         # Tests compress the 24 h schedule into seconds; 100 ms must be accepted.

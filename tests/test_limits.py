@@ -1,4 +1,4 @@
-"""Per-endpoint limits held region-wide (issue 14 item 2; decisions.md: "the RFC's 4 is
+"""Per-endpoint limits held region-wide (issue 14 item 2; docs/decisions.md, Region-wide concurrency: "the RFC's 4 is
 what the customer's endpoint sees in total, across every process and host").
 
 Two supervisors on one database stand in for two hosts."""

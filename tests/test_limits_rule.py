@@ -1,9 +1,13 @@
 """The per-endpoint limits have one home (``dispatcher.rules.limits.EndpointLimits``);
 everything that must agree with it is tested here against the same table of cases:
 
-* the pure rule: ``room`` and ``after``;
+* the pure rule: ``room`` and ``after``, where the slots held are the live
+  leases plus the timed-out slots still in their hold (``slot_hold``); a lapsed
+  lease holds nothing;
 * the SQL twins in migration 0006 (``dispatcher_room``, ``dispatcher_bucket_after``);
-* the claim itself (``engine_claim``): with that many leased rows and that
+* the function the claim asks for room (``dispatcher_lane_free``, migration
+  0013), on the lease ledger and bucket as the claim and the result write leave them;
+* the claim itself (``engine_claim``): with those leases, holds and that
   bucket, it takes exactly ``room`` due rows and leaves the bucket at ``after``.
 """
 
@@ -24,11 +28,17 @@ class Case:
     name: str
     concurrency: int
     rate: float | None
-    in_flight: int
+    in_flight: int         # rows leased by another claim, lease running
     stored: float | None   # the bucket's tokens; None: no bucket yet
     elapsed: float         # seconds since the bucket was written
     room: int
     after: float | None    # the bucket once ``room`` rows were taken
+    held: int = 0          # timed-out slots still in their hold after the result write
+    lapsed: int = 0        # rows whose claim's lease lapsed (the owner died): due again
+
+    @property
+    def slots_taken(self) -> int:
+        return self.in_flight + self.held
 
 
 CASES = [
@@ -43,6 +53,10 @@ CASES = [
     Case("slow rate still sends one", 4, 0.5, 0, None, 0.0, 1, 0.0),
     Case("half a token is not a row", 4, 0.5, 0, 0.0, 1.0, 0, 0.5),
     Case("lane full keeps the tokens", 4, 10.0, 4, 3.0, 0.1, 0, 4.0),
+    Case("lapsed leases hold nothing", 4, None, 0, None, 0.0, 4, None, lapsed=4),
+    Case("timed-out slots stay held", 4, None, 1, None, 0.0, 1, None, held=2),
+    Case("leases, holds and lapses together", 4, None, 1, None, 0.0, 2, None, held=1, lapsed=3),
+    Case("holds fill the lane, tokens kept", 4, 5.0, 2, 3.0, 0.0, 0, 3.0, held=2),
 ]
 IDS = [case.name for case in CASES]
 
@@ -50,7 +64,7 @@ IDS = [case.name for case in CASES]
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_the_rule(case: Case) -> None:
     limits = EndpointLimits(case.concurrency, case.rate)
-    assert limits.room(case.in_flight, case.stored, case.elapsed) == case.room
+    assert limits.room(case.slots_taken, case.stored, case.elapsed) == case.room
     after = limits.after(case.stored, case.elapsed, case.room)
     assert after == pytest.approx(case.after) if case.after is not None else after is None
 
@@ -59,7 +73,7 @@ def test_the_rule(case: Case) -> None:
 def test_the_sql_functions_agree(db, case: Case) -> None:
     (room, after), = query(db.dsn, "SELECT dispatcher_room(%s, %s, %s, %s, %s), "
                                    "dispatcher_bucket_after(%s, %s, %s, %s)",
-                           (case.concurrency, case.in_flight, case.rate, case.stored, case.elapsed,
+                           (case.concurrency, case.slots_taken, case.rate, case.stored, case.elapsed,
                             case.rate, case.stored, case.elapsed, case.room))
     assert room == case.room
     assert after == pytest.approx(case.after) if case.after is not None else after is None
@@ -79,18 +93,41 @@ def _lease(db, endpoint: int, count: int, ends_in: str) -> None:  # type: ignore
                   "VALUES (%s, %s, 'other', %s, now() + %s::interval)", (endpoint, token, count, ends_in))
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_the_claim_agrees(db, case: Case) -> None:
+def _hold(db, endpoint: int, count: int) -> None:  # type: ignore[no-untyped-def]
+    """``count`` timed-out slots as the result write holds them: a ledger entry keyed by a negated claim token."""
+    if count:
+        (token,), = query(db.dsn, "SELECT nextval('webhook_claim_tokens')")
+        query(db.dsn, "INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until) "
+                      "VALUES (%s, %s, 'held after a timeout', %s, now() + interval '30 s')", (endpoint, -token, count))
+
+
+def _seed_case(db, case: Case) -> int:  # type: ignore[no-untyped-def]
+    """The endpoint of ``case``: its leases, holds, lapsed leases and bucket, and 10 due rows."""
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     query(db.dsn, "UPDATE webhook_endpoints SET max_per_second = %s WHERE id = %s", (case.rate, endpoint))
     query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
     # Rows leased by another process (due by time, but their lease ends in 30 s), then due rows.
     _lease(db, endpoint, case.in_flight, "30 s")
+    _lease(db, endpoint, case.lapsed, "-1 s")
+    _hold(db, endpoint, case.held)
     query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
                   "SELECT 'ws', %s, 'ev', 'h' FROM generate_series(1, 10)", (endpoint,))
     if case.stored is not None:
         query(db.dsn, "INSERT INTO endpoint_rate (endpoint_id, tokens, refilled_at) "
                       "VALUES (%s, %s, now() - make_interval(secs => %s))", (endpoint, case.stored, case.elapsed))
+    return endpoint
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_claims_room_function_agrees(db, case: Case) -> None:
+    endpoint = _seed_case(db, case)
+    assert query(db.dsn, "SELECT dispatcher_lane_free(%s, %s, %s)", (endpoint, case.concurrency, case.rate)) == [
+        (case.room,)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_the_claim_agrees(db, case: Case) -> None:
+    endpoint = _seed_case(db, case)
     rows = EngineStore(ManagedConnection(db.dsn, "test")).claim("w", 200, case.concurrency, [], 0, 30.0)
     assert len(rows) == case.room
     bucket = query(db.dsn, "SELECT tokens FROM endpoint_rate WHERE endpoint_id = %s", (endpoint,))

@@ -197,6 +197,24 @@ CHECKED_VALUES = {
 FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",)),
                 ("rollout_workspaces", ("workspace_id",), "workspaces", ("id",))}
 
+# The functions the named queries (dispatcher/sql/*.sql) call: signature -> (result, volatility).
+FUNCTIONS = {
+    # 0004: the rollout rule, shared by the producer and the API.
+    "rollout_bucket(text)": ("integer", "i"),
+    "webhook_outbox_on(jsonb,text,integer,integer)": ("boolean", "i"),
+    # 0006 / 0013: the region-wide limits the claim applies.
+    "dispatcher_bucket_after(double precision,double precision,double precision,bigint)": ("double precision", "i"),
+    "dispatcher_lane_free(bigint,integer,double precision)": ("integer", "v"),
+    # 0010: the signing secrets a claimed row is sent with.
+    "dispatcher_signing_secrets(text,text,timestamp with time zone,text,text,timestamp with time zone,"
+    "double precision)": ("text[]", "s"),
+    # 0012: the producer's one statement.
+    "dispatcher_send_event(text,text,text,timestamp with time zone,jsonb,text,boolean,double precision)": (
+        "TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text)", "v"),
+    # 0014: the lease test (STABLE, so the planner inlines it) and the lane give-back.
+    "dispatcher_unleased(timestamp with time zone)": ("boolean", "s"),
+}
+
 
 # ---------------------------------------------------------------- catalog helpers
 
@@ -429,6 +447,12 @@ class TestDeclaredSchema:
                 allowed[(table, cols[0])] = set(re.findall(r"'([^']*)'::text", definition))
         for key, values in CHECKED_VALUES.items():
             assert allowed.get(key) == values, key
+
+    def test_functions(self, fresh: Database) -> None:
+        found = {signature: (result, volatility) for signature, result, volatility in fresh.query(
+            "SELECT p.oid::regprocedure::text, pg_get_function_result(p.oid), p.provolatile "
+            "FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace")}
+        assert {name: found.get(name) for name in FUNCTIONS} == FUNCTIONS
 
     def test_endpoint_limit_trigger(self, fresh: Database) -> None:
         rows = fresh.query(

@@ -1,4 +1,4 @@
-"""Breaker notices to endpoint owners (issue 12 item 4, decisions Q3), engine-level:
+"""Breaker notices to endpoint owners (issue 12 item 4, docs/decisions.md, Q3), engine-level:
 the real store, real breaker writes (EngineStore.update_breakers) and a real SMTP
 server in the test process (aiosmtpd).  tests/test_notifier_dispatcher.py runs
 the same through the dispatcher itself."""
@@ -14,6 +14,7 @@ import pytest
 from dispatcher.config import Config, ConfigError, config_from_mapping
 from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.engine.notifier import MailRetry, OwnerNotices, recipient, same_target
+from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, Signal
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.store.notices import NoticeStore
@@ -83,7 +84,7 @@ def test_same_target_compares_normalised_urls(first: str, second: str, same: boo
 
 
 def test_mail_retry_doubles_then_gives_up() -> None:
-    retry = MailRetry(attempts=4, base=60.0)
+    retry = MailRetry(attempts=4, backoff=Backoff(base=60.0))
     assert [retry.delay_after(n) for n in (1, 2, 3, 4, 5)] == [60.0, 120.0, 240.0, None, None]
 
 

@@ -542,7 +542,7 @@ class TestLimits:
 
 
 class TestWorkspaceScope:
-    """Event ids are unique per workspace, not globally (decisions 2026-12-01; migration 0009)."""
+    """Event ids are unique per workspace, not globally (docs/decisions.md, Limits; migration 0009)."""
 
     def test_the_same_id_in_two_workspaces_both_commit_with_their_own_event(
         self, db: Database, sender: WebhookSender, conn: CountingConnection
@@ -585,7 +585,7 @@ class TestWorkspaceScope:
 class TestSequence:
     """The contract (docs/producer.md): unique per workspace and increasing in
     allocation order, with gaps; *not* commit order.  Producers of one
-    workspace never wait for each other's transactions (decisions 2026-12-01)."""
+    workspace never wait for each other's transactions (docs/decisions.md, Sequence)."""
 
     PRODUCERS = 8
     EVENTS_EACH = 40
@@ -1007,12 +1007,12 @@ class TestFlagOff:
         self, db: Database, sender: WebhookSender, conn: CountingConnection, receiver: Receiver,
         urls: dict[str, str],
     ) -> None:
-        from dispatcher.store import api_data
+        from dispatcher.store import endpoints
 
         ((own,),) = db.query("SELECT id FROM webhook_endpoints WHERE url = %s", (urls["all"],))
         endpoint_secret = "whsec_" + "ZW5kcG9pbnQtc2VjcmV0LWtleS1ieXRlcy0zMg=="
         with admin(db) as connection:
-            api_data.rotate_endpoint_secret(connection, None, own, endpoint_secret, 3600.0, token_id=None)
+            endpoints.rotate_endpoint_secret(connection, None, own, endpoint_secret, 3600.0, token_id=None)
         sender.send(conn, job())
         by_path = {r.path: r for r in receiver.received()}
         # The rotated endpoint: its new secret and, inside the grace, the workspace secret it signed with.

@@ -9,19 +9,22 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import falcon.testing
 import pytest
+from psycopg2.extensions import make_dsn
 
 from dispatcher import Event, WebhookSender, load_config
 from dispatcher.api import auth
 from dispatcher.api.app import create_app
 from dispatcher.cli.rollout import rank_lines
-from dispatcher.rules.rollout import bucket, outbox_on
+from dispatcher.rules.rollout import Listed, bucket, outbox_on
 from dispatcher.runtime.exitcodes import ExitCode
+from dispatcher.store import rollout as rollout_store
 from tests.conftest import TestDatabase as Database
 from tests.test_cli import UNREACHABLE_DSN, assert_one_line_error, cli
 
@@ -40,21 +43,74 @@ def workspace(db: Database, ws: str, flag: bool | None = None) -> str:
 
 
 # ---------------------------------------------------------------- the rule, once
+#
+# The rule has one home (``dispatcher.rules.rollout``); everything that decides
+# or counts with it is held to the same table of cases: the pure rule, its SQL
+# twin (``webhook_outbox_on``, migration 0004), the producer's one statement
+# (``dispatcher_send_event``, 0012) and the ``rollout status`` count.
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    flag: bool | None     # the workspace's webhook_outbox flag; None: not set
+    listed: Listed        # rollout_workspaces' list
+    percent: int          # rollout_settings.percent
+    bucket: int           # the workspace's rollout_bucket
+    on: bool              # its events go to the outbox
+
+
+CASES = [
+    Case("the flag on overrides everything", True, "exclude", 0, 99, True),
+    Case("the flag off overrides everything", False, "include", 100, 0, False),
+    Case("then exclude", None, "exclude", 100, 0, False),
+    Case("then include", None, "include", 0, 99, True),
+    Case("then the percentage: under it", None, None, 50, 49, True),
+    Case("then the percentage: at it", None, None, 50, 50, False),
+    Case("0 % takes nobody", None, None, 0, 0, False),
+    Case("100 % takes everybody", None, None, 100, 99, True),
+]
+IDS = [case.name for case in CASES]
+
+
+def _in_bucket(wanted: int) -> str:
+    """A workspace id whose bucket is ``wanted`` (the SQL's is checked to agree where it matters)."""
+    return next(ws for ws in (f"ws-{n}" for n in itertools.count()) if bucket(ws) == wanted)
+
+
+def _seed_case(db: Database, case: Case) -> str:
+    ws = workspace(db, _in_bucket(case.bucket), case.flag)
+    assert sql(db, "SELECT rollout_bucket(%s)", (ws,)) == [(case.bucket,)]
+    if case.listed is not None:
+        sql(db, "INSERT INTO rollout_workspaces (workspace_id, list) VALUES (%s, %s)", (ws, case.listed))
+    sql(db, "UPDATE rollout_settings SET percent = %s", (case.percent,))
+    return ws
 
 
 class TestRule:
-    @pytest.mark.parametrize(("flag", "listed", "percent", "bucket_", "expected"), [
-        (True, "exclude", 0, 99, True),      # the flag overrides everything
-        (False, "include", 100, 0, False),
-        (None, "exclude", 100, 0, False),    # then exclude
-        (None, "include", 0, 99, True),      # then include
-        (None, None, 50, 49, True),          # then the percentage
-        (None, None, 50, 50, False),
-        (None, None, 0, 0, False),
-        (None, None, 100, 99, True),
-    ])
-    def test_precedence(self, flag: bool | None, listed: Any, percent: int, bucket_: int, expected: bool) -> None:
-        assert outbox_on(flag, listed, percent, bucket_) is expected
+    @pytest.mark.parametrize("case", CASES, ids=IDS)
+    def test_the_rule(self, case: Case) -> None:
+        assert outbox_on(case.flag, case.listed, case.percent, case.bucket) is case.on
+
+    @pytest.mark.parametrize("case", CASES, ids=IDS)
+    def test_the_sql_function_agrees(self, db: Database, case: Case) -> None:
+        flag = None if case.flag is None else json.dumps(case.flag)
+        assert sql(db, "SELECT webhook_outbox_on(%s::jsonb, %s, %s, %s)",
+                   (flag, case.listed, case.percent, case.bucket)) == [(case.on,)]
+
+    @pytest.mark.parametrize("case", CASES, ids=IDS)
+    def test_send_and_status_agree(self, db: Database, write_config: WriteConfig, case: Case) -> None:
+        ws = _seed_case(db, case)
+        sender = WebhookSender(load_config(write_config(db), env={}))
+        conn = db.connect()
+        try:
+            stored = sender.send(conn, Event(ws, "job.created", {}))
+            conn.commit()
+            counts = rollout_store.status(conn)["counts"]
+        finally:
+            conn.close()
+        assert stored.mode == ("live" if case.on else None)
+        assert (counts["workspaces"], counts["outbox_on"]) == (1, int(case.on))
 
     def test_sql_agrees_with_python_on_every_case(self, db: Database) -> None:
         cases = list(itertools.product([True, False, None], ["include", "exclude", None],
@@ -153,6 +209,27 @@ class TestRolloutCommands:
         assert sql(db, "SELECT count(*) FROM workspaces WHERE id = 'ghost'") == [(0,)], "never created"
         assert_one_line_error(cli("-c", config, *prefix, "flag", "--id", "alpha", "webhook_outbox=maybe"),
                               ExitCode.USAGE, "webhook_outbox=maybe")
+
+    @pytest.mark.usefixtures("config")
+    def test_a_refused_write_is_one_line(self, db: Database, write_config: WriteConfig) -> None:
+        read_only = make_dsn(db.dsn, options="-c default_transaction_read_only=on")
+        config = write_config(db, database={"dsn": read_only})
+        for args in (["rollout", "set", "--percent", "5"], ["rollout", "include", "alpha"],
+                     ["workspace", "flag", "--id", "alpha", "webhook_outbox=default"]):
+            assert_one_line_error(cli("-c", config, *args), ExitCode.DATABASE_UNAVAILABLE, "read-only")
+        assert sql(db, "SELECT percent FROM rollout_settings") == [(0,)]
+
+    def test_a_statement_past_its_timeout_is_one_line(self, db: Database, write_config: WriteConfig) -> None:
+        config = write_config(db, database={"dsn": make_dsn(db.dsn, options="-c statement_timeout=300")})
+        blocker = db.connect()
+        try:
+            with blocker.cursor() as cur:
+                cur.execute("LOCK TABLE webhook_deliveries, rollout_settings IN ACCESS EXCLUSIVE MODE")
+            for args in (["rollout", "status"], ["gate", "phase3"]):
+                assert_one_line_error(cli("-c", config, *args), ExitCode.DATABASE_UNAVAILABLE, "too long")
+        finally:
+            blocker.rollback()
+            blocker.close()
 
     def test_unreachable_database_is_one_line(self, db: Database, write_config: WriteConfig) -> None:
         config = write_config(db, database={"dsn": UNREACHABLE_DSN})

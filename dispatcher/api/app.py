@@ -22,32 +22,21 @@ import falcon
 import falcon.media
 
 from dispatcher.api import auth, problems
-from dispatcher.api.pool import ConnectionPool, ReadRoute
-from dispatcher.api.resources import (
-    ApiContext,
-    AuditLog,
-    BreakerClose,
-    Console,
-    Deliveries,
-    Delivery,
-    Endpoint,
-    Endpoints,
-    EndpointStats,
-    EventDeliveries,
-    Health,
-    HealthCheck,
-    OpenApi,
-    Recover,
-    Replay,
-    SecretRotate,
-    Tokens,
-    WorkspaceSettings,
-)
+from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
+from dispatcher.api.resources.audit import AuditLog
+from dispatcher.api.resources.base import ApiContext, Resource
+from dispatcher.api.resources.deliveries import Deliveries, Delivery, EventDeliveries, Recover, Replay
+from dispatcher.api.resources.documents import Console, OpenApi
+from dispatcher.api.resources.endpoints import BreakerClose, Endpoint, Endpoints, SecretRotate
+from dispatcher.api.resources.health import Health
+from dispatcher.api.resources.stats import EndpointStats
+from dispatcher.api.resources.tokens import Tokens
+from dispatcher.api.resources.workspace import WorkspaceSettings
 from dispatcher.config import Config
 from dispatcher.outbound.netguard import OutboundPolicy
 from dispatcher.rules.replay_budget import ReplayBudget
 
-ROUTES: tuple[tuple[str, type], ...] = (
+ROUTES: tuple[tuple[str, type[Resource]], ...] = (
     ("/healthz", Health),
     ("/openapi.json", OpenApi),
     ("/console", Console),

@@ -1,29 +1,37 @@
-"""Bearer tokens: creation (CLI) and checking (every API request).
+"""Bearer tokens: checking them on every API request.
 
-A token is ``dsp_`` + 43 url-safe characters (256 random bits).  Only its
-SHA-256 is stored; the token itself is printed once by ``token create`` and
-never again.  Lookups go by hash, so comparing tokens takes no
-timing-sensitive code.
+Their format, scopes and creation live in ``dispatcher.tokens`` (the CLI
+makes them there; the names are importable from here too).  Lookups go by
+hash, so comparing tokens takes no timing-sensitive code.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import re
-import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dispatcher import store
-from dispatcher.store import api_data
+from dispatcher.store import tokens as token_store
+from dispatcher.tokens import (
+    PREFIX_CHARS,
+    READ,
+    SCOPES,
+    TOKEN_PREFIX,
+    WRITE,
+    InvalidTokenRequest,
+    create_token,
+    hash_token,
+)
 
-READ = "webhooks:read"
-WRITE = "webhooks:write"
-SCOPES = (READ, WRITE)
-TOKEN_PREFIX = "dsp_"
+__all__ = [
+    "PREFIX_CHARS", "READ", "SCOPES", "TOKEN_PREFIX", "WRITE", "Forbidden", "InvalidTokenRequest", "Principal",
+    "Unauthenticated", "UnknownTokens", "authenticate", "bearer_token", "create_token", "hash_token",
+]
+
 # Anything longer than a real token is refused before it is hashed.
 _MAX_TOKEN_CHARS = 200
 # Every token we issue has this shape (token_urlsafe's alphabet); anything else
@@ -37,9 +45,6 @@ UNKNOWN_TOKEN_ENTRIES = 10000
 # A token's last_used_at is written at most this often (seconds): one write
 # per token per minute, not one per request (the lookup reads it anyway).
 LAST_USED_EVERY = 60.0
-# `token list` and GET /v2/webhooks/tokens show this many leading characters:
-# dsp_ plus 8 random ones, enough to tell tokens apart, far from enough to guess one.
-PREFIX_CHARS = 12
 
 
 class Unauthenticated(Exception):
@@ -55,28 +60,6 @@ class Principal:
     workspace_id: str
     scopes: frozenset[str]
     token_id: int
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
-class InvalidTokenRequest(ValueError):
-    """A token was asked for with unknown scopes or a lifetime that is not positive."""
-
-
-def create_token(conn: store.Connection, workspace: str, scopes: Sequence[str],
-                 expires_in: float | None = None) -> str:
-    """Store a new token's hash for ``workspace`` and return the token (shown once).
-    ``expires_in``: seconds until it stops working (None: never)."""
-    unknown = sorted(set(scopes) - set(SCOPES))
-    if unknown or not scopes:
-        raise InvalidTokenRequest(f"unknown scope(s) {', '.join(unknown) or '(none given)'}; use {', '.join(SCOPES)}")
-    if expires_in is not None and not expires_in > 0:
-        raise InvalidTokenRequest("a token's lifetime must be positive")
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    api_data.insert_token(conn, hash_token(token), workspace, sorted(set(scopes)), token[:PREFIX_CHARS], expires_in)
-    return token
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -129,7 +112,7 @@ class UnknownTokens:
 def authenticate(conn: store.Connection, token: str, scope: str, unknown: UnknownTokens) -> Principal:
     """The principal of ``token`` holding ``scope``; the caller checked ``unknown`` before taking ``conn``."""
     token_sha256 = hash_token(token)
-    found = api_data.lookup_token(conn, token_sha256, LAST_USED_EVERY)
+    found = token_store.lookup_token(conn, token_sha256, LAST_USED_EVERY)
     if found is None:
         unknown.remember(token_sha256)
         raise Unauthenticated("the bearer token is not valid")

@@ -17,10 +17,11 @@ import falcon
 
 from dispatcher.api.problems import Problem, bad_request, not_found
 from dispatcher.contacts import InvalidContact, check_email
+from dispatcher.durations import DurationError, parse_duration
+from dispatcher.message import event_id_problem
 from dispatcher.outbound.netguard import MAX_URL_LENGTH as MAX_URL_CHARS
 
 MAX_ID = 2**63 - 1  # bigint
-MAX_EVENT_ID_CHARS = 255
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 50
 # GET /v2/webhooks/endpoints/stats: how far back, and in how many buckets.
@@ -34,8 +35,6 @@ _INT = re.compile(r"[0-9]{1,19}")
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
 )
-_WINDOW = re.compile(r"([0-9]{1,4})([mhd])")
-_WINDOW_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400}
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CURSOR_BODY = re.compile(r"d1:([0-9]{1,19})")
 
@@ -48,7 +47,9 @@ def path_id(text: str, what: str) -> int:
 
 
 def event_id(text: str) -> str:
-    if not text or len(text) > MAX_EVENT_ID_CHARS or "\x00" in text:
+    """A path event id; one the event-id rule (``message.event_id_problem``) refuses names nothing, hence
+    404, without a lookup."""
+    if event_id_problem(text) is not None:
         raise not_found("event does not exist")
     return text
 
@@ -98,16 +99,19 @@ def stats_buckets(req: falcon.Request) -> int:
 
 
 def stats_window(req: falcon.Request) -> int:
-    """The ``window`` parameter in seconds: whole minutes, hours or days, from 1h to 7d."""
+    """The ``window`` parameter in whole seconds: a duration (``dispatcher.durations``) with a whole
+    number, from 1h to 7d."""
     text = single(req, "window")
     if text is None:
         return DEFAULT_STATS_WINDOW
-    match = _WINDOW.fullmatch(text)
-    seconds = int(match.group(1)) * _WINDOW_UNIT_SECONDS[match.group(2)] if match else 0
-    if not MIN_STATS_WINDOW <= seconds <= MAX_STATS_WINDOW:
+    try:
+        seconds = parse_duration(text, whole=True)
+    except DurationError:
+        seconds = 0.0
+    if not (MIN_STATS_WINDOW <= seconds <= MAX_STATS_WINDOW and seconds.is_integer()):
         raise bad_request("window must be a duration from 1h to 7d written as a whole number and a unit, "
                           "e.g. 90m, 24h or 7d")
-    return seconds
+    return int(seconds)
 
 
 def status(req: falcon.Request) -> str | None:
@@ -118,9 +122,10 @@ def status(req: falcon.Request) -> str | None:
 
 
 def query_event_id(req: falcon.Request) -> str | None:
+    """The ``event_id`` filter; one the event-id rule refuses is a 400 (its reason, never the id), not a lookup."""
     text = single(req, "event_id")
-    if text is not None and (not text or len(text) > MAX_EVENT_ID_CHARS or "\x00" in text):
-        raise bad_request(f"event_id must be 1 to {MAX_EVENT_ID_CHARS} characters")
+    if text is not None and (problem := event_id_problem(text)) is not None:
+        raise bad_request(f"event_id: {problem}")
     return text
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,6 @@ import psycopg2
 import psycopg2.extensions
 
 from dispatcher import store
-from dispatcher.store import api_data
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class ConnectionPool:
     def _open(self) -> store.Connection:
         conn = store.connect(self._dsn, self._connect_timeout, self._application_name)
         try:
-            api_data.session_setup(conn, self._statement_timeout_ms)
+            store.session_setup(conn, self._statement_timeout_ms)
         except store.StoreError:
             conn.close()
             raise
@@ -166,3 +166,46 @@ class ReadRoute:
 
     def close(self) -> None:
         self.standby.close()
+
+
+# /healthz answers from a ping at most this old: a flood of probes costs one
+# database round trip per second, not one each.
+HEALTH_TTL = 1.0
+
+
+class HealthCheck:
+    """The database's answer to a ping, reused for ``ttl`` seconds (a failure too).
+
+    One caller pings at a time; callers arriving meanwhile wait for its answer
+    rather than pinging themselves.
+    """
+
+    def __init__(self, pool: ConnectionPool, ttl: float = HEALTH_TTL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._pool = pool
+        self._ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()  # a gevent lock in the server: waiting yields
+        self._checked_at = -math.inf
+        self._healthy = False
+
+    def _fresh(self) -> bool:
+        return self._clock() - self._checked_at < self._ttl
+
+    def check(self) -> None:
+        """Return if the database answered recently; raise DatabaseUnavailable if it did not."""
+        if not self._fresh():
+            with self._lock:
+                if not self._fresh():
+                    self._healthy = self._ping()
+                    self._checked_at = self._clock()
+        if not self._healthy:
+            raise store.DatabaseUnavailable("the database is unavailable")
+
+    def _ping(self) -> bool:
+        try:
+            with self._pool.connection() as conn:
+                store.ping(conn)
+        except store.DatabaseUnavailable:
+            return False
+        return True

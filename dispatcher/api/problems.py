@@ -18,7 +18,7 @@ import falcon
 
 from dispatcher import store
 from dispatcher.api import pool
-from dispatcher.store import ReplayLimited, api_data
+from dispatcher.store import Conflict, ReplayLimited
 
 log = logging.getLogger("dispatcher.api")
 
@@ -128,7 +128,7 @@ def handle_bug(req: falcon.Request, resp: falcon.Response, exc: Exception, param
 HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
     (Exception, handle_bug),
     (store.NotFound, handle_not_found),
-    (api_data.Conflict, handle_conflict),
+    (Conflict, handle_conflict),
     (store.LimitReached, handle_limit_reached),
     (ReplayLimited, handle_replay_limited),
     (store.DatabaseUnavailable, handle_unavailable),

@@ -15,7 +15,7 @@ every other caller, ``/healthz`` included.  Here:
   new ones wait in the listen backlog, and the timeouts above free slots.
 
 A held connection costs a greenlet and a descriptor, never a database
-connection: resources take one only for their queries (``api/resources.py``).
+connection: resources take one only for their queries (``api/resources/``).
 
 Why not gunicorn's gevent worker: it has no deadline for a request head either
 (its documentation asks for a buffering proxy in front), so it would not close

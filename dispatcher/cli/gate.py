@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from dispatcher import store
 from dispatcher.config import Config
+from dispatcher.durations import DurationError, parse_duration
 from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.store.rollout import gate_figures
@@ -25,8 +25,6 @@ PHASE0_BACKLOG_P99_S = 5.0
 PHASE2_NEVER_RETRIED_RATE = 0.0005  # 0.05 %
 PHASE3_BACKLOG_P99_S = 15.0
 _DEFAULT_SINCE = {"phase0": "72h", "phase1": "7d", "phase2": "7d", "phase3": "7d"}
-_AGO = re.compile(r"(\d+)(s|m|h|d)")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass
@@ -54,10 +52,16 @@ def _usage(message: str) -> Exception:
 
 
 def parse_when(text: str, now: datetime) -> datetime:
-    """``72h`` (ago) or an ISO 8601 time (UTC when it names no zone)."""
-    match = _AGO.fullmatch(text.strip())
-    if match:
-        return now - timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+    """A duration ago (``72h``, ``dispatcher.durations``) or an ISO 8601 time (UTC when it names no zone)."""
+    try:
+        ago = parse_duration(text)
+    except DurationError:
+        pass
+    else:
+        try:
+            return now - timedelta(seconds=ago)
+        except OverflowError:
+            raise _usage(f"{text!r} ago is before the year 1") from None
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -189,7 +189,7 @@ def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_token(config: Config, args: argparse.Namespace) -> int:
-    from dispatcher.api.auth import InvalidTokenRequest, create_token
+    from dispatcher.tokens import InvalidTokenRequest, create_token
 
     if args.action != "create":
         return manage.run_token_action(args, _connect(config))

@@ -1,10 +1,10 @@
 """The endpoint and token verbs of the CLI beyond ``add``/``create`` (issue 12).
 
-They run the API's own store functions (``store.api_data``) without a
-workspace filter -- the operator may act on any endpoint -- so the CLI and
-the API share one rule for each change: the URL policy, the pending rows a
-deactivation or deletion ends, the breaker reset, the rotation, the audit
-entry (``token_id`` NULL: an operator).  ``endpoint show``/``list`` print
+They run the API's own store functions (``store.endpoints``,
+``store.tokens``) without a workspace filter -- the operator may act on any
+endpoint -- so the CLI and the API share one rule for each change: the URL
+policy, the pending rows a deactivation or deletion ends, the breaker reset,
+the rotation, the audit entry (``token_id`` NULL: an operator).  ``endpoint show``/``list`` print
 what the API shows a write token (the whole URL).
 """
 
@@ -21,7 +21,9 @@ from dispatcher.config import Config, ConfigError, parse_duration
 from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.signing import new_secret
-from dispatcher.store import api_data
+from dispatcher.store import endpoints as endpoint_store
+from dispatcher.store import tokens as token_store
+from dispatcher.views import endpoint_json
 
 # Lists print every row; pages of this many are fetched.
 _PAGE = 100
@@ -87,8 +89,6 @@ def add_token_parsers(token: Any) -> None:
 
 
 def _endpoint_json(config: Config, row: dict[str, Any]) -> dict[str, Any]:
-    from dispatcher.api.resources import endpoint_json
-
     return endpoint_json(row, config.breaker.policy(), whole_url=True)
 
 
@@ -104,15 +104,15 @@ def _all(fetch: Callable[[int | None], list[dict[str, Any]]]) -> list[dict[str, 
 
 
 def _change(config: Config, args: argparse.Namespace, registrable: Callable[[Config, str], str]
-            ) -> api_data.EndpointChange:
+            ) -> endpoint_store.EndpointChange:
     if args.events is not None and args.all_events:
         raise UsageError("give --events or --all-events, not both")
     types = [] if args.all_events else args.events
     description = None if args.description in (None, "") else args.description
-    change = api_data.EndpointChange(url=None if args.url is None else registrable(config, args.url),
-                                     event_types=types, active=args.active, description=description,
-                                     set_description=args.description is not None,
-                                     owner_contact=args.owner or None, set_owner_contact=args.owner is not None)
+    change = endpoint_store.EndpointChange(url=None if args.url is None else registrable(config, args.url),
+                                           event_types=types, active=args.active, description=description,
+                                           set_description=args.description is not None,
+                                           owner_contact=args.owner or None, set_owner_contact=args.owner is not None)
     if not change.fields():
         raise UsageError("nothing to change: give --url, --events, --all-events, --description, --owner, --active "
                          "or --inactive")
@@ -123,7 +123,7 @@ def run_endpoint_action(config: Config, args: argparse.Namespace, conn: store.Co
                         registrable: Callable[[Config, str], str]) -> int:
     grace = config.secrets.rotation_grace
     if args.action == "list":
-        rows = _all(lambda before: api_data.endpoints(conn, args.workspace, grace, before, _PAGE))
+        rows = _all(lambda before: endpoint_store.endpoints(conn, args.workspace, grace, before, _PAGE))
         shown = [_endpoint_json(config, row) for row in rows]
         if args.json:
             print(json.dumps({"workspace": args.workspace, "endpoints": shown}, indent=2))
@@ -132,22 +132,22 @@ def run_endpoint_action(config: Config, args: argparse.Namespace, conn: store.Co
                   f"pending {e['pending']['count']:>6}  {e['url']}")
         return ExitCode.OK
     if args.action == "update":
-        api_data.update_endpoint(conn, None, args.id, _change(config, args, registrable), token_id=None)
+        endpoint_store.update_endpoint(conn, None, args.id, _change(config, args, registrable), token_id=None)
     elif args.action == "delete":
-        api_data.delete_endpoint(conn, None, args.id, token_id=None)
+        endpoint_store.delete_endpoint(conn, None, args.id, token_id=None)
         print(f"endpoint {args.id} deleted")
         return ExitCode.OK
     elif args.action == "close-breaker":
-        made_due = api_data.close_breaker(conn, None, args.id, token_id=None)
+        made_due = endpoint_store.close_breaker(conn, None, args.id, token_id=None)
         print(f"endpoint {args.id}: breaker closed, {made_due} pending row(s) made due now")
         return ExitCode.OK
     elif args.action == "rotate-secret":
         secret = new_secret()
-        until = api_data.rotate_endpoint_secret(conn, None, args.id, secret, grace, token_id=None)
+        until = endpoint_store.rotate_endpoint_secret(conn, None, args.id, secret, grace, token_id=None)
         print(secret)
         print(f"the previous secret also signs until {until.isoformat()}", file=sys.stderr)
         return ExitCode.OK
-    print(json.dumps(_endpoint_json(config, api_data.endpoint_state(conn, None, args.id, grace)), indent=2))
+    print(json.dumps(_endpoint_json(config, endpoint_store.endpoint_state(conn, None, args.id, grace)), indent=2))
     return ExitCode.OK
 
 
@@ -157,10 +157,10 @@ def _when(value: Any) -> str:
 
 def run_token_action(args: argparse.Namespace, conn: store.Connection) -> int:
     if args.action == "revoke":
-        api_data.revoke_token(conn, args.id)
+        token_store.revoke_token(conn, args.id)
         print(f"token {args.id} revoked")
         return ExitCode.OK
-    rows = _all(lambda before: api_data.list_tokens(conn, args.workspace, before, _PAGE))
+    rows = _all(lambda before: token_store.list_tokens(conn, args.workspace, before, _PAGE))
     print(f"{'id':>8}  {'prefix':<12}  {'scopes':<28}  {'created':<19}  {'expires':<19}  {'last used':<19}  revoked")
     for t in rows:
         print(f"{t['id']:>8}  {t['prefix'] or '(unknown)':<12}  {','.join(t['scopes']):<28}  "

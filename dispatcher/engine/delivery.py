@@ -127,7 +127,7 @@ class DeliveryMaker:
         if row.event_type is None or row.payload is None:
             return terminal("event not found")
         # Only shadow rows are ever marked delivered without a POST; dry_run
-        # must never swallow a live row (decisions 2026-12-01).
+        # must never swallow a live row (docs/decisions.md, Dry run).
         if row.mode == "shadow":
             return Outcome(Verdict.DELIVERED, "delivered", None, BreakerSignal.IGNORE, None)
         # The id goes into two headers: one that cannot (a row from before the

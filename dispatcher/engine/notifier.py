@@ -41,6 +41,7 @@ from dispatcher.config import Config, NotifierConfig
 from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.outbound.netguard import OutboundError, OutboundPolicy, parse_target
 from dispatcher.redact import scrub
+from dispatcher.rules.backoff import Backoff
 from dispatcher.store.notices import ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
 
 log = logging.getLogger("dispatcher.notifier")
@@ -84,16 +85,17 @@ def same_target(first: str, second: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class MailRetry:
-    """When a failed mail is tried again: ``base`` after the first failure, doubling,
-    until ``attempts`` tries were made; then never (None)."""
+    """When a failed mail is tried again: by ``backoff`` (``notifier.retry_base``,
+    doubling, no cap, no jitter) until ``attempts`` tries were made; then never (None)."""
 
     attempts: int
-    base: float
+    backoff: Backoff
 
     def delay_after(self, attempts_made: int) -> float | None:
         if attempts_made >= self.attempts:
             return None
-        return self.base * 2 ** (attempts_made - 1)
+        # No jitter: a notice's next try is a stored due time, and notices are few.
+        return self.backoff.delay(attempts_made, 0.0)
 
 
 def operational_webhook(notice: NewNotice) -> OperationalWebhook | None:
@@ -200,7 +202,7 @@ class OwnerNotices:
         self._config = config.notifier
         self._store = store
         self._notifier = notifier or make_notifier(config)
-        self._retry = MailRetry(config.notifier.smtp_attempts, config.notifier.retry_base)
+        self._retry = MailRetry(config.notifier.smtp_attempts, Backoff(base=config.notifier.retry_base))
         self._retention = config.retention.dead
         # A claimed mail is due again after this: long enough for a whole round of sends.
         self._lease = config.notifier.smtp_timeout * (MAILS_PER_ROUND + 1) + 60.0

@@ -9,7 +9,7 @@ backlog alert by the rule ``dispatcher check`` uses too
 (``dispatcher.rules.health.BacklogRule``), publishes the breaker gauges, sweeps
 rows whose retry window ran out while
 their endpoint's breaker was open (claims skip those rows, so nothing else
-would ever end them), and applies retention (decisions Q2): dead and failed
+would ever end them), and applies retention (docs/decisions.md, Q2): dead and failed
 rows, delivered rows and attempt history are pruned in batches once they are
 older than ``retention.*``.
 """

@@ -13,7 +13,7 @@ Runs inside a gevent-patched process (see ``worker_main``).  Greenlets:
 * upkeep (one process per region, by a lease row: ``dispatcher.engine.upkeep``) evaluates backlog alerts,
   publishes the breaker gauges, sweeps rows that expire while a breaker is
   open, and prunes finished rows and attempt history past their retention
-  (decisions Q2; ``dispatcher.engine.upkeep``);
+  (docs/decisions.md, Q2; ``dispatcher.engine.upkeep``);
 * breaker notices (``dispatcher.engine.notifier``) tell endpoint owners that a
   breaker opened or closed again, on a connection of their own: woken by this
   process's transitions, and every check_interval on the upkeep leader;
@@ -44,6 +44,7 @@ from dispatcher.config import Config
 from dispatcher.engine.delivery import Attempt, DeliveryMaker
 from dispatcher.engine.notifier import OwnerNotices
 from dispatcher.metrics import Metrics
+from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, BreakerWrite, Signal
 from dispatcher.rules.lane import FIRST_GUESS, LanePolicy, running_mean
 from dispatcher.runtime.deadline import database_bound
@@ -63,6 +64,11 @@ attempt_log = logging.getLogger("dispatcher.attempt")
 # a few tens of ms, long enough that a trickle does not turn into a claim per row
 # (each claim costs the database a walk over the endpoints with pending rows).
 BUSY_POLL = 0.05
+
+# The waits after a failed claim or result write, up to ``database.reconnect_max``:
+# each wait is its nominal value shortened by a random draw of up to half.
+CLAIM_BACKOFF = Backoff(base=0.1, jitter=0.5)
+WRITE_BACKOFF = Backoff(base=0.05, jitter=0.5)
 
 
 @dataclass
@@ -95,18 +101,18 @@ class Lane:
         return not self.queue and not self.active and not self.asked
 
 
-class Backoff:
-    """Exponential reconnect backoff; the caller decides when to reset it."""
+class FailureWaits:
+    """Waits out failures in a row by a back-off rule; the caller resets it after a success."""
 
-    def __init__(self, first: float, cap: float) -> None:
-        self._first, self._cap, self._next = first, cap, first
+    def __init__(self, rule: Backoff) -> None:
+        self._rule, self._failures = rule, 0
 
     def wait(self, stop: gevent.event.Event) -> None:
-        stop.wait(self._next * random.uniform(0.5, 1.0))
-        self._next = min(self._next * 2, self._cap)
+        self._failures += 1
+        stop.wait(self._rule.delay(self._failures, random.random()))
 
     def reset(self) -> None:
-        self._next = self._first
+        self._failures = 0
 
 
 class Worker:
@@ -179,7 +185,7 @@ class Worker:
     # -- claiming ----------------------------------------------------------
 
     def _claim_loop(self) -> None:
-        backoff = Backoff(0.1, self.config.database.reconnect_max)
+        backoff = FailureWaits(replace(CLAIM_BACKOFF, cap=self.config.database.reconnect_max))
         workers = self.config.workers
         while not self._stopping.is_set():
             self._wake.clear()
@@ -384,7 +390,7 @@ class Worker:
     # -- recording ---------------------------------------------------------
 
     def _flush_loop(self) -> None:
-        backoff = Backoff(0.05, self.config.database.reconnect_max)
+        backoff = FailureWaits(replace(WRITE_BACKOFF, cap=self.config.database.reconnect_max))
         interval = self.config.workers.flush_interval
         while True:
             self._flush_now.wait(interval)
@@ -480,7 +486,7 @@ class Worker:
                     write.breaker.consecutive_failures, write.breaker.open_until)
         self._metrics.breaker(write.endpoint_id, write.breaker.state)
         if transition in ("opened", "closed"):
-            self._notice_due.set()  # decisions Q3: the owner hears of it (dispatcher.engine.notifier)
+            self._notice_due.set()  # docs/decisions.md, Q3: the owner hears of it (dispatcher.engine.notifier)
 
     # -- shutdown ----------------------------------------------------------
 

@@ -73,7 +73,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_URL_LENGTH = 2048
 
 
-# What customers are shown (decisions.md "What customers see of failures").
+# What customers are shown (docs/decisions.md, Failure reasons).
 ADDRESS_NOT_ALLOWED = "address not allowed"
 PORT_NOT_ALLOWED = "port not allowed"
 NAME_DID_NOT_RESOLVE = "name did not resolve"

@@ -129,7 +129,7 @@ class BreakerPolicy:
         """A label for the change from ``old`` to ``new``, for logs and metrics."""
         if new.state == "open":
             if old.state == "closed":
-                return "opened"  # decisions Q3: notify the endpoint owner here
+                return "opened"  # docs/decisions.md, Q3: notify the endpoint owner here
             if old.state == "half_open" or old.open_until != new.open_until:
                 return "reopened"
             return None

@@ -1,4 +1,4 @@
-"""The per-endpoint limits, held region-wide (decisions.md: "the RFC's 4 is what
+"""The per-endpoint limits, held region-wide (docs/decisions.md, Region-wide concurrency: "the RFC's 4 is what
 the customer's endpoint sees in total, across every process and host").
 
 Two limits decide how many rows of one endpoint a claim may take:
@@ -15,8 +15,11 @@ attempt that timed out keeps it a while longer (:func:`slot_hold`).
 The claim applies this rule in SQL (``dispatcher_room`` and
 ``dispatcher_bucket_after``, migration 0006, called by ``dispatcher_lane_free``, 0013) under a per-endpoint transaction
 lock, so concurrent claimers never both see the same free slots.  The functions
-here are the rule itself, pure, with the elapsed time as an argument;
-``tests/test_limits_rule.py`` checks the SQL against them on one table of cases.
+here are the rule itself, pure, with the elapsed time as an argument; the slots
+taken (``in_flight``) are the live leases plus the timed-out slots still in
+their hold, and a lapsed lease takes none.  The claim is one SQL statement, so
+no Python path evaluates :class:`EndpointLimits`: ``tests/test_limits_rule.py``
+holds it, the SQL functions and the claim to one table of cases.
 """
 
 from __future__ import annotations

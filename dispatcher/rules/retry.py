@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from dispatcher.rules.attempt import ErrorClass, TransportResult
+from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerSignal
 
 __all__ = [
@@ -53,9 +54,6 @@ __all__ = [
     "schedule_markdown",
     "terminal",
 ]
-
-# 2.0 ** 1024 raises OverflowError; any exponent this large is far past the cap.
-_MAX_EXPONENT = 1023
 
 # last_error is a bounded column shown in the console; transport details are
 # meant to be short, but one runaway exception message must not bloat the row.
@@ -80,8 +78,9 @@ def _require_attempt(attempt: int) -> None:
 class RetryPolicy:
     """When to try a failed delivery again, and when to give up.
 
-    Gaps double from ``base`` up to ``max_interval``; the row's last attempt is
-    at ``created_at + ceiling`` at the latest, after which it is ``dead``.
+    Gaps double from ``base`` up to ``max_interval`` (the back-off rule,
+    ``rules.backoff``, as :attr:`backoff`); the row's last attempt is at
+    ``created_at + ceiling`` at the latest, after which it is ``dead``.
     """
 
     base: float = 10.0
@@ -89,6 +88,8 @@ class RetryPolicy:
     ceiling: float = 86400.0
     max_attempts: int | None = None
     jitter: float = 0.2
+    # Derived from base, max_interval and jitter, so left out of init, repr and equality.
+    backoff: Backoff = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require(math.isfinite(self.base) and self.base > 0, "base must be finite and > 0")
@@ -104,12 +105,12 @@ class RetryPolicy:
         )
         # jitter == 1 would allow a zero gap, i.e. a hot retry loop.
         _require(0 <= self.jitter < 1, "jitter must be in [0, 1)")
+        object.__setattr__(self, "backoff", Backoff(self.base, 2.0, self.max_interval, self.jitter))
 
     def nominal_gap(self, attempt: int) -> float:
         """Gap after failed attempt ``attempt`` (1-based), before jitter."""
         _require_attempt(attempt)
-        exponent = min(attempt - 1, _MAX_EXPONENT)
-        return min(self.base * 2.0**exponent, self.max_interval)
+        return self.backoff.nominal(attempt)
 
     def next_delay(
         self,
@@ -129,10 +130,7 @@ class RetryPolicy:
         _require(0.0 <= jitter_sample <= 1.0, "jitter_sample must be in [0, 1]")
         if self.max_attempts is not None and attempt >= self.max_attempts:
             return None
-        # Jitter only shortens a gap, so the nominal schedule is the slowest case
-        # and retries of rows that failed together spread out instead of
-        # returning to the endpoint in lockstep.
-        gap = self.nominal_gap(attempt) * (1.0 - self.jitter * jitter_sample)
+        gap = self.backoff.delay(attempt, jitter_sample)
         if retry_after is not None and retry_after > 0:
             # Honour the endpoint's request, but no further than one capped gap:
             # a buggy or hostile header must not park the row for the whole window.
@@ -189,7 +187,7 @@ class RetryPolicies:
 
 DEFAULT_POLICY = RetryPolicy()
 
-# Decisions Q1: location updates are superseded every 30 s, so a stale one is
+# docs/decisions.md, Q1: location updates are superseded every 30 s, so a stale one is
 # never worth a second attempt.
 DEFAULT_POLICIES = RetryPolicies(
     default=DEFAULT_POLICY,

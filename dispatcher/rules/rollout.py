@@ -1,8 +1,11 @@
 """Which workspaces use the outbox: the rollout rule, once, as a pure function.
 
 The same rule runs in SQL (``webhook_outbox_on`` and ``rollout_bucket`` in
-migration 0004) inside the producer's single statement; tests check the SQL
-against :data:`CASES`-style tables built from this function.
+migration 0004), and only there: in the producer's single statement
+(``dispatcher_send_event``), the replay guard and the ``rollout status`` count.
+No Python path shows or predicts a bucket, so nothing evaluates these
+functions at run time; ``tests/test_rollout.py`` holds them and the SQL to one
+table of cases.
 """
 
 from __future__ import annotations

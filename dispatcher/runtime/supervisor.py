@@ -37,6 +37,7 @@ from pathlib import Path
 
 from dispatcher import store
 from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
+from dispatcher.rules.backoff import Backoff
 from dispatcher.runtime.deadline import blocking_bound, install_bounded_waits
 from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.runtime.entry import check_schema
@@ -46,13 +47,15 @@ from dispatcher.store.engine import EngineStore, ManagedConnection
 log = logging.getLogger("dispatcher.supervisor")
 
 # Loud on purpose: an operator who set dry_run expecting "send nothing" must
-# learn that live rows are sent (decisions 2026-12-01, issue 10).
+# learn that live rows are sent (docs/decisions.md, Dry run; issue 10).
 DRY_RUN_WARNING = ("dry_run is on: mode='shadow' rows are marked delivered without a POST; "
                    "mode='live' rows are still sent normally (dry run never skips a live row)")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,
                    signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
-RESTART_BACKOFF_MAX = 30.0
+# The wait before restarting a worker that crashed (the n-th time in a row):
+# 0.5 s, doubling, at most 30 s; no jitter, there is one supervisor.
+RESTART_BACKOFF = Backoff(base=0.5, cap=30.0)
 STABLE_AFTER = 60.0
 
 
@@ -225,7 +228,7 @@ class Supervisor:
     def _after_crash(self, worker: WorkerProcess, code: int) -> None:
         lived = time.monotonic() - worker.started
         self._crashes = 1 if lived > STABLE_AFTER else self._crashes + 1
-        delay = min(RESTART_BACKOFF_MAX, 0.5 * 2 ** (self._crashes - 1))
+        delay = RESTART_BACKOFF.delay(self._crashes, 0.0)
         self._next_spawn_at = time.monotonic() + delay
         log.warning("worker %s exited with %s after %.1fs; restarting in %.1fs event=worker_restarting",
                     worker.owner, code, lived, delay)

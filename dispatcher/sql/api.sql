@@ -235,7 +235,7 @@ UPDATE webhook_endpoints
 UPDATE webhook_deliveries
    SET status = 'failed', last_error = %(reason)s, finished_at = now(),
        locked_by = NULL, locked_until = NULL, claim_token = NULL
- WHERE endpoint_id = %(id)s AND status = 'pending' AND (locked_until IS NULL OR locked_until <= now())
+ WHERE endpoint_id = %(id)s AND status = 'pending' AND dispatcher_unleased(locked_until)
 RETURNING id;
 
 -- name: api_delete_endpoint
@@ -253,7 +253,7 @@ WITH closed AS (
     UPDATE webhook_deliveries
        SET next_attempt_at = now()
      WHERE endpoint_id = %(id)s AND status = 'pending' AND next_attempt_at > now()
-       AND (locked_until IS NULL OR locked_until <= now())
+       AND dispatcher_unleased(locked_until)
     RETURNING id
 )
 SELECT (SELECT count(*) FROM due) AS made_due;

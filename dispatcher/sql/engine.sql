@@ -34,7 +34,7 @@ WITH RECURSIVE token AS (
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
                               AND d.next_attempt_at <= now()
-                              AND (d.locked_until IS NULL OR d.locked_until <= now()))
+                              AND dispatcher_unleased(d.locked_until))
              ORDER BY o.open_until
              LIMIT 16
                FOR UPDATE SKIP LOCKED)
@@ -43,7 +43,7 @@ WITH RECURSIVE token AS (
     SELECT d.id FROM probe_ids p CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = p.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
          ORDER BY d.next_attempt_at
          LIMIT 1
            FOR UPDATE SKIP LOCKED) d
@@ -57,7 +57,7 @@ WITH RECURSIVE token AS (
      CROSS JOIN LATERAL (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = f.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
          ORDER BY d.next_attempt_at
          LIMIT f.want
            FOR UPDATE SKIP LOCKED) d
@@ -114,7 +114,7 @@ WITH RECURSIVE token AS (
          WHERE d.endpoint_id = e.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
            -- a leased row keeps its due time: at most the endpoint's lane
            -- (4) of them are read and passed over here
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
          ORDER BY d.next_attempt_at
          LIMIT lane.room
            FOR UPDATE SKIP LOCKED) d
@@ -365,14 +365,14 @@ RETURNING l.owner;
 SELECT (SELECT count(*) FROM (
             SELECT 1 FROM webhook_deliveries d
              WHERE d.status = 'pending' AND d.next_attempt_at <= now() - make_interval(secs => %(row_age)s)
-               AND (d.locked_until IS NULL OR d.locked_until <= now())
+               AND dispatcher_unleased(d.locked_until)
                AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                                 WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
              LIMIT %(threshold)s + 1) old) AS overdue_rows,
        (SELECT extract(epoch FROM now() - d.next_attempt_at)::float8
           FROM webhook_deliveries d
          WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-           AND (d.locked_until IS NULL OR d.locked_until <= now())
+           AND dispatcher_unleased(d.locked_until)
            AND NOT EXISTS (SELECT 1 FROM endpoint_state s
                             WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
          ORDER BY d.next_attempt_at
@@ -380,7 +380,7 @@ SELECT (SELECT count(*) FROM (
        (SELECT count(*) FROM endpoint_state s
           JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id
                                    AND d.status = 'pending' AND d.next_attempt_at <= now()
-                                   AND (d.locked_until IS NULL OR d.locked_until <= now())
+                                   AND dispatcher_unleased(d.locked_until)
          WHERE s.state <> 'closed') AS held_rows,
        (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
 
@@ -401,7 +401,7 @@ SELECT d.id, coalesce(ev.type, '') AS event_type, extract(epoch FROM now() - d.c
   LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
  WHERE s.state <> 'closed'
    AND d.created_at <= now() - make_interval(secs => %(min_ceiling)s)
-   AND (d.locked_until IS NULL OR d.locked_until < now())
+   AND dispatcher_unleased(d.locked_until)
  LIMIT %(limit)s;
 
 -- name: engine_mark_expired
@@ -409,7 +409,7 @@ UPDATE webhook_deliveries
    SET status = 'dead', finished_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL,
        last_error = coalesce(last_error || '; ', '') || 'retry window ended while the endpoint breaker was open'
  WHERE id = ANY (%(ids)s::bigint[]) AND status = 'pending'
-   AND (locked_until IS NULL OR locked_until < now())
+   AND dispatcher_unleased(locked_until)
 RETURNING id;
 
 -- name: engine_prune_leases

@@ -69,7 +69,7 @@ SELECT count(*) AS total,
        count(*) FILTER (WHERE due AND next_attempt_at <= now() - interval '15 minutes') AS overdue_over_15m,
        now() AS db_now
   FROM (SELECT next_attempt_at,
-               next_attempt_at <= now() AND (locked_until IS NULL OR locked_until <= now()) AS due
+               next_attempt_at <= now() AND dispatcher_unleased(locked_until) AS due
           FROM webhook_deliveries
          WHERE status = 'pending') p;
 
@@ -79,7 +79,7 @@ SELECT d.id, d.workspace_id, d.endpoint_id, d.event_id, d.attempt, d.created_at,
        extract(epoch FROM now() - d.next_attempt_at)::float8 AS overdue_seconds, d.last_error
   FROM webhook_deliveries d
  WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-   AND (d.locked_until IS NULL OR d.locked_until <= now())
+   AND dispatcher_unleased(d.locked_until)
    AND NOT EXISTS (SELECT 1 FROM endpoint_state s WHERE s.endpoint_id = d.endpoint_id AND s.state <> 'closed')
  ORDER BY d.next_attempt_at
  LIMIT 1;

@@ -1,27 +1,36 @@
 """The store: the one package that executes SQL.
 
-Queries are data: they live in ``dispatcher/sql/*.sql`` as named blocks and
-the schema in numbered files under ``sql/migrations``.  This module holds the
-connection, the loader, migrations and the producer/admin writes;
-``store.engine`` holds the dispatcher's claim and result writes and
-``store.api_data`` the API's reads.  Nothing outside this package runs SQL.
+Queries are data: they live in ``dispatcher/sql/*.sql`` as named blocks
+(loaded and run by ``store.queries``) and the schema in numbered files under
+``sql/migrations``.  This module holds the connection, migrations and the
+workspace/endpoint admin writes; the other modules hold one kind of data
+each: ``store.engine`` the dispatcher's claim and result writes,
+``store.deliveries`` the delivery history, replay and recover,
+``store.endpoints`` endpoint state and changes, ``store.tokens`` API tokens,
+``store.audit`` the audit log, ``store.rollout`` the rollout controls,
+``store.operations`` heartbeats and status, ``store.notices`` breaker
+notices.  Every error leaves the store as a ``store.errors`` class.  Nothing
+outside this package runs SQL.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from importlib import resources
-from types import MappingProxyType
 from typing import Any
 
 import psycopg2
 import psycopg2.extensions
 
+# Imported under another name: ``store.audit`` stays the module (``store.audit.list_audit``).
+from dispatcher.store.audit import Audit
+from dispatcher.store.audit import audit as record_audit
 from dispatcher.store.errors import (
+    Conflict,
     DatabaseUnavailable,
     LimitReached,
     NotFound,
@@ -30,35 +39,16 @@ from dispatcher.store.errors import (
     ReplayLimited,
     SchemaOutdated,
     StoreError,
-    is_check_violation,
+    limit_or,
     translated,
 )
-
-Connection = psycopg2.extensions.connection
-
+from dispatcher.store.queries import QUERIES, Connection, named_rows, query_rows, run_query, transaction
 
 __all__ = [
-    "QUERIES", "Audit", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
-    "QueryTimeout", "ReplayLimited", "SchemaOutdated", "StoreError", "connect", "connect_each", "query_rows",
-    "run_query", "transaction", "translated",
+    "QUERIES", "Audit", "Conflict", "Connection", "DatabaseUnavailable", "LimitReached", "NotFound", "QueryRejected",
+    "QueryTimeout", "ReplayLimited", "SchemaOutdated", "StoreError", "connect", "connect_each", "named_rows",
+    "query_rows", "run_query", "transaction", "translated",
 ]
-
-
-def _load_queries() -> Mapping[str, str]:
-    """Every named query of every ``sql/*.sql`` file; a name may appear once."""
-    queries: dict[str, str] = {}
-    for entry in sorted(resources.files("dispatcher.sql").iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".sql"):
-            continue
-        for block in re.split(r"^-- name: ", entry.read_text(encoding="utf-8"), flags=re.MULTILINE)[1:]:
-            name, _, body = block.partition("\n")
-            if name.strip() in queries:
-                raise RuntimeError(f"query {name.strip()!r} is defined twice ({entry.name})")
-            queries[name.strip()] = body.strip()
-    return MappingProxyType(queries)
-
-
-QUERIES = _load_queries()
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,30 +123,16 @@ def connect_each(dsn: str, connect_timeout: float, application_name: str,
     raise failure
 
 
-def run_query(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-    """Run a named query; rows as tuples, for single-value results (``rows[0][0]``)."""
-    with conn.cursor() as cur:
-        cur.execute(QUERIES[name], params)
-        return cur.fetchall() if cur.description else []
+def session_setup(conn: Connection, statement_timeout_ms: int) -> None:
+    """Set the API session's statement timeout (a pooled connection, once when opened)."""
+    with transaction(conn):
+        run_query(conn, "api_session_setup", {"statement_timeout": str(statement_timeout_ms)})
 
 
-def query_rows(conn: Connection, name: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Run a named query; each row as a dict keyed by the query's column names,
-    so reordering the SELECT list can never swap two fields."""
-    with conn.cursor() as cur:
-        cur.execute(QUERIES[name], params)
-        if not cur.description:
-            return []
-        names = [column.name for column in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-
-
-@contextmanager
-def transaction(conn: Connection) -> Iterator[Connection]:
-    """``with conn:`` (commit, or roll back on error) with driver errors --
-    the commit's included -- raised as the store errors they mean."""
-    with translated(), conn:
-        yield conn
+def ping(conn: Connection) -> None:
+    """One round trip: the database answers (``/healthz``)."""
+    with transaction(conn):
+        run_query(conn, "api_ping")
 
 
 def migrate(conn: Connection) -> list[int]:
@@ -213,7 +189,7 @@ def set_workspace_contacts(conn: Connection, workspace_id: str, owner_contact: s
         if rows:
             changed = [name for name, value in (("owner_contact", owner_contact), ("notify_webhook_url", notify_url))
                        if value is not None]
-            audit(conn, Audit(workspace_id, token_id, "workspace.update", detail={"fields": changed}))
+            record_audit(conn, Audit(workspace_id, token_id, "workspace.update", detail={"fields": changed}))
     if not rows:
         raise NotFound(f"workspace {workspace_id!r} does not exist")
     return rows[0][1], rows[0][2]
@@ -269,35 +245,10 @@ def register_endpoint(conn: Connection, workspace_id: str, new: NewEndpoint, tok
                 "max_per_second": new.max_per_second, "owner_contact": new.owner_contact, "secret": new.secret,
                 "description": new.description, "active": new.active})
             endpoint_id = int(rows[0][0])
-            audit(conn, Audit(workspace_id, token_id, "endpoint.create", endpoint_id))
+            record_audit(conn, Audit(workspace_id, token_id, "endpoint.create", endpoint_id))
     except QueryRejected as exc:
         raise limit_or(exc) from None
     return endpoint_id
-
-
-@dataclass(frozen=True, slots=True)
-class Audit:
-    """One audit log entry: who (an API token's id; None: an operator's CLI command) did what."""
-
-    workspace_id: str
-    token_id: int | None
-    action: str
-    endpoint_id: int | None = None
-    delivery_ids: Sequence[int] = ()
-    detail: Mapping[str, Any] = field(default_factory=dict)
-
-
-def audit(conn: Connection, entry: Audit) -> None:
-    """Write ``entry``; call inside the transaction of the change it records."""
-    run_query(conn, "api_audit_insert", {
-        "workspace_id": entry.workspace_id, "token_id": entry.token_id, "action": entry.action,
-        "endpoint_id": entry.endpoint_id, "delivery_ids": list(entry.delivery_ids),
-        "detail": json.dumps(dict(entry.detail))})
-
-
-def limit_or(exc: QueryRejected) -> StoreError:
-    # The 10-active-endpoints trigger raises check_violation (migration 0001).
-    return LimitReached(exc.detail or "endpoint limit reached") if is_check_violation(exc) else exc
 
 
 def set_endpoint_active(conn: Connection, endpoint_id: int, active: bool) -> None:

@@ -25,17 +25,10 @@ from dispatcher.redact import storable
 from dispatcher.rules.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.rules.health import BacklogFigures, BacklogRule
 from dispatcher.signing import ROTATION_GRACE
-from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each
+from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each, named_rows
 from dispatcher.store.errors import translate
 
 _PARAMETER = re.compile(r"%\((\w+)\)s")
-
-
-def _named(cur: Any) -> list[dict[str, Any]]:
-    """The cursor's rows keyed by column name: reordering a SELECT list can then
-    never silently swap two fields of the same type."""
-    names = [column.name for column in cur.description]
-    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
 
 def backlog_figures(row: dict[str, Any]) -> BacklogFigures:
@@ -253,7 +246,7 @@ class Transaction:
         self._committed = commit
 
     def fetchall(self) -> list[dict[str, Any]]:
-        return _named(self._cur)
+        return named_rows(self._cur)
 
     def finish(self) -> None:
         if self._begun and not self._committed:
@@ -342,7 +335,7 @@ class EngineStore:
                   "refill": json.dumps([{"endpoint_id": e, "want": w} for e, w in refill], separators=(",", ":"))}
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
-            rows = _named(cur)
+            rows = named_rows(cur)
         # The claim sends each event's payload once (on one of its rows): every
         # row of that event shares the one string, in memory as on the wire.  An
         # event is (workspace, id): ids are unique per workspace (migration 0009).
@@ -442,7 +435,7 @@ class EngineStore:
         """The backlog rule's figures (engine_backlog, shared with ``dispatcher check``)."""
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_backlog"], {"row_age": rule.row_age, "threshold": rule.rows})
-            (row,) = _named(cur)
+            (row,) = named_rows(cur)
             return backlog_figures(row)
 
     def open_breakers(self) -> list[tuple[int, str]]:
@@ -453,7 +446,7 @@ class EngineStore:
     def expired_candidates(self, min_ceiling: float, limit: int) -> list[tuple[int, str, float]]:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_expired_candidates"], {"min_ceiling": min_ceiling, "limit": limit})
-            return [(int(r["id"]), str(r["event_type"]), float(r["age"])) for r in _named(cur)]
+            return [(int(r["id"]), str(r["event_type"]), float(r["age"])) for r in named_rows(cur)]
 
     def prune_lapsed_leases(self) -> int:
         """Delete lane entries whose lease lapsed (they already count for nothing)."""

@@ -44,6 +44,10 @@ class NotFound(StoreError):
     """The named row does not exist."""
 
 
+class Conflict(StoreError):
+    """The request is well formed but the rows' state refuses it (HTTP 409)."""
+
+
 class LimitReached(StoreError):
     """A database-enforced limit refused the write."""
 
@@ -81,6 +85,12 @@ def translate(exc: psycopg2.Error) -> StoreError:
 
 def is_check_violation(exc: QueryRejected) -> bool:
     return exc.pgcode == psycopg2.errorcodes.CHECK_VIOLATION
+
+
+def limit_or(exc: QueryRejected) -> StoreError:
+    """``exc`` as LimitReached when it is the 10-active-endpoints trigger's
+    refusal (a check_violation, migration 0001), else ``exc`` itself."""
+    return LimitReached(exc.detail or "endpoint limit reached") if is_check_violation(exc) else exc
 
 
 @contextmanager

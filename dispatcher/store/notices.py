@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dispatcher.redact import storable
-from dispatcher.store import QUERIES
-from dispatcher.store.engine import ManagedConnection, _named
+from dispatcher.store import QUERIES, named_rows
+from dispatcher.store.engine import ManagedConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class NoticeStore:
     def claim(self, limit: int, lease: float) -> list[ClaimedNotice]:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["notices_claim"], {"limit": limit, "lease": lease})
-            return [ClaimedNotice(**row) for row in _named(cur)]
+            return [ClaimedNotice(**row) for row in named_rows(cur)]
 
     def finish(self, notice: ClaimedNotice, recipient: str, *, sent: bool, error: str | None = None,
                retry_in: float | None = None) -> None:

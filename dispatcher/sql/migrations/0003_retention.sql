@@ -1,4 +1,4 @@
--- 0003: retention (decisions Q2). Pruning selects by age, and both tables are
+-- 0003: retention (docs/decisions.md, Q2). Pruning selects by age, and both tables are
 -- appended in time order, so BRIN indexes on the insertion timestamps find
 -- old rows for a few pages of index and almost no write cost -- unlike a
 -- B-tree on finished_at, which every result write would have to maintain.

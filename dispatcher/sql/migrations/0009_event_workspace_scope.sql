@@ -1,5 +1,5 @@
 -- 0009: event ids are unique per workspace, not globally (issue 13 item 2,
--- decisions 2026-12-01).  Until now events.id alone was the primary key: the
+-- docs/decisions.md, Limits).  Until now events.id alone was the primary key: the
 -- same caller-supplied id in a second workspace was a unique violation that
 -- aborted that producer's whole transaction.  The key becomes
 -- (workspace_id, id), and every lookup of an event -- the claim, the API,

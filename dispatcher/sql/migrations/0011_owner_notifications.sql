@@ -1,4 +1,4 @@
--- 0011: who owns an endpoint, and the breaker notices sent to them (issue 12 item 4, decisions Q3).
+-- 0011: who owns an endpoint, and the breaker notices sent to them (issue 12 item 4, docs/decisions.md, Q3).
 
 -- The owner's email address, per endpoint and per workspace (the endpoint's wins);
 -- NULL: nobody named, the operator address (notifier.smtp_to) gets the mail.

@@ -1,0 +1,23 @@
+"""``/v2/webhooks/endpoints/stats``: each endpoint's success rate and p95 duration, in time buckets."""
+
+from __future__ import annotations
+
+import falcon
+
+from dispatcher.api import auth, params
+from dispatcher.api.resources.base import Resource, read
+from dispatcher.store import Connection
+from dispatcher.store import endpoints as endpoint_store
+from dispatcher.views import endpoint_stats_json
+
+
+class EndpointStats(Resource):
+    """GET /v2/webhooks/endpoints/stats: every endpoint's success rate and p95 duration, in time buckets."""
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        def query(conn: Connection, who: auth.Principal) -> endpoint_store.StatsWindow:
+            params.only(req, "window", "buckets")
+            return endpoint_store.endpoint_stats(conn, who.workspace_id, params.stats_window(req),
+                                                 params.stats_buckets(req))
+
+        resp.media = endpoint_stats_json(read(self.ctx, req, auth.READ, query), params.stats_buckets(req))

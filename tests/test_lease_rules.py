@@ -1,0 +1,107 @@
+"""The lease rule has one definition (migration 0014): whether a delivery is
+free of its lease (``dispatcher_unleased``).  A lane's slots go back in one
+place too: engine_record's slot list (tests/test_claim.py).
+
+The queries call the functions instead of spelling the rules; this module
+fails when a query spells the lease test by hand, when the boundary moves,
+or when the planner stops inlining the test into the queries (the claim's
+plan must stay what the spelled-out expression gave)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher.store import QUERIES
+from tests.conftest import TestDatabase as Database
+
+SQL = Path(__file__).resolve().parent.parent / "dispatcher" / "sql"
+
+# A comparison of locked_until, either way round, or a coalesce() of it.
+# Assignments (SET locked_until = ...) are not comparisons and do not match.
+HAND_SPELLED = re.compile(
+    r"\blocked_until\s*(?:<|>|!=|IS\b|BETWEEN\b)"
+    r"|(?:<|>|=)\s*(?:\w+\.)?locked_until\b"
+    r"|\b(?:coalesce|greatest|least)\s*\(\s*(?:\w+\.)?locked_until\b",
+    re.IGNORECASE)
+COMMENT = re.compile(r"--[^\n]*")
+# schema.sql shows the function's own definition, the one place allowed to spell it.
+DEFINITION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION public\.dispatcher_unleased\(.*?\$function\$.*?\$function\$",
+                        re.DOTALL)
+
+# Values for every parameter of the queries that call dispatcher_unleased, for EXPLAIN.
+PARAMS: dict[str, Any] = {
+    "owner": "w", "limit": 100, "per_endpoint": 4, "busy": [], "after": 0, "lease": 30.0, "grace": 0.0,
+    "row_age": 60.0, "threshold": 100, "min_ceiling": 0.0, "ids": [1], "id": 1, "reason": "r",
+}
+
+
+def test_no_query_spells_the_lease_test_by_hand() -> None:
+    files = sorted(SQL.glob("*.sql"))
+    assert files, SQL
+    found = []
+    for path in files:
+        text = COMMENT.sub("", path.read_text(encoding="utf-8"))
+        text = DEFINITION.sub("", text)
+        for line_number, line in enumerate(text.splitlines(), 1):
+            if HAND_SPELLED.search(line):
+                found.append(f"{path.name}:{line_number}: {line.strip()}")
+    assert not found, ("compare locked_until only through dispatcher_unleased(locked_until) "
+                       "(migration 0014):\n" + "\n".join(found))
+
+
+def test_the_queries_use_the_one_definition() -> None:
+    callers = {name for name, sql in QUERIES.items() if "dispatcher_unleased(" in sql}
+    assert {"engine_claim", "engine_backlog", "engine_expired_candidates", "engine_mark_expired",
+            "operations_pending", "operations_oldest_due", "api_end_pending", "api_close_breaker"} <= callers
+
+
+def test_a_lease_is_over_at_its_stamp(db: Database) -> None:
+    # One transaction: now() is the same instant in every expression.
+    assert db.query(
+        "SELECT dispatcher_unleased(NULL),"
+        "       dispatcher_unleased(now() - interval '1 microsecond'),"
+        "       dispatcher_unleased(now()),"
+        "       dispatcher_unleased(now() + interval '1 microsecond')") == [(True, True, True, False)]
+
+
+def test_the_lease_test_and_the_lane_ledger_agree_at_the_stamp(db: Database) -> None:
+    # At T the row is free and its ledger entry no longer counts (0013's dispatcher_lane_free).
+    db.query("INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until) "
+             "VALUES (1, 1, 'o', 4, now())")
+    assert db.query("SELECT dispatcher_unleased(now()), dispatcher_lane_free(1, 4, NULL)") == [(True, 4)]
+
+
+def test_the_lease_test_is_inlined_in_every_query(db: Database) -> None:
+    callers = sorted(name for name, sql in QUERIES.items() if "dispatcher_unleased(" in sql)
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            for name in callers:
+                cur.execute("EXPLAIN (VERBOSE, COSTS OFF) " + QUERIES[name], PARAMS)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+                assert "dispatcher_unleased" not in plan, f"{name}: the planner calls the function\n{plan}"
+                assert re.search(r"locked_until <= now\(\)", plan), f"{name}\n{plan}"
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def test_the_claim_finds_its_rows_through_the_due_index(db: Database) -> None:
+    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+             "SELECT 'w', 1 + i % 50, 'e' || i, 'h' FROM generate_series(1, 5000) i")
+    db.query("ANALYZE webhook_deliveries")
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET plan_cache_mode = force_custom_plan")
+            cur.execute("EXPLAIN (COSTS OFF) " + QUERIES["engine_claim"], PARAMS)
+            plan = "\n".join(row[0] for row in cur.fetchall())
+    finally:
+        conn.rollback()
+        conn.close()
+    assert "Seq Scan on webhook_deliveries" not in plan, plan
+    assert "Index Scan using webhook_deliveries_due on webhook_deliveries" in plan, plan
