@@ -13,8 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from dispatcher.store import QUERIES
 from tests.conftest import TestDatabase as Database
 
