@@ -143,11 +143,14 @@ WITH RECURSIVE token AS (
        SET locked_until = now() + make_interval(secs => %(lease)s),
            locked_by = %(owner)s,
            claim_token = token.value
-      FROM (SELECT id, true AS slot FROM probe_rows UNION ALL SELECT id, true FROM candidates
-            UNION ALL SELECT id, false FROM refill_rows) c, token
-     WHERE w.id = c.id
+      FROM token
+     -- By primary key, as an array: joined to the three sets instead, the planner
+     -- hashed a scan of the whole outbox once the refill's estimate (a JSON
+     -- list) made the sets look large.
+     WHERE w.id = ANY (ARRAY(SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates
+                             UNION ALL SELECT id FROM refill_rows))
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token,
-              c.slot
+              w.id <> ALL (ARRAY(SELECT id FROM refill_rows)) AS slot
 ), leases AS (
     -- The slots this claim takes of each endpoint's lane: one per row it took
     -- by the walk or a probe, held by this process until it gives them back

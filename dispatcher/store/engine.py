@@ -330,7 +330,9 @@ class EngineStore:
         """Claim due rows: up to ``limit`` by the endpoint walk (skipping ``busy``), each taking
         a lane slot, plus up to ``want`` more rows of each ``(endpoint_id, want)`` in ``refill``,
         lanes this owner holds slots for already (those take none, and renew the slots' lease)."""
-        params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": list(busy),
+        # A refilled lane is never walked too: its rows would be claimed twice in one statement.
+        busy = sorted(set(busy).union(endpoint_id for endpoint_id, _ in refill))
+        params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": busy,
                   "after": after, "lease": lease, "grace": secret_grace,
                   "refill": json.dumps([{"endpoint_id": e, "want": w} for e, w in refill], separators=(",", ":"))}
         with self._conn.statement() as cur:
