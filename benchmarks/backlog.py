@@ -80,8 +80,8 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
-            params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "busy": [], "after": cursor,
-                      "lease": 60.0, "grace": ROTATION_GRACE, "refill": "[]"}
+            params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [],
+                      "after": cursor, "lease": 60.0, "grace": ROTATION_GRACE, "refill": "[]"}
             # Each statement runs twice: as text inside a savepoint that is
             # rolled back, then as JSON for real (the record needs the claim).
             cur.execute("SAVEPOINT text_form")

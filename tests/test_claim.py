@@ -207,7 +207,7 @@ def test_a_fanned_out_event_crosses_the_wire_once_per_claim(db) -> None:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
-            cur.execute(QUERIES["engine_claim"], {"owner": "w", "limit": 200, "per_endpoint": 4, "busy": [],
+            cur.execute(QUERIES["engine_claim"], {"owner": "w", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [],
                                                   "after": 0, "lease": 30.0, "grace": 86400.0, "refill": "[]"})
             names = [c.name for c in cur.description]
             raw = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -253,3 +253,12 @@ def test_the_claim_is_planned_each_time_and_the_result_write_keeps_its_plan(db) 
     assert plans["engine_record"][0] >= 5, plans
     assert mode == "auto", "the last statement's mode stays until the next one needs the other"
     conn.close()
+
+
+def test_one_claim_takes_at_most_its_share_of_an_endpoint(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 10)
+    store = _store(db)
+    assert len(store.claim("w1", 10, 4, [], 0, 30.0, share=2)) == 2
+    assert len(store.claim("w2", 10, 4, [], 0, 30.0, share=2)) == 2, "the other process takes the rest"
+    assert store.claim("w3", 10, 4, [], 0, 30.0, share=2) == [], "and the region-wide 4 still holds"

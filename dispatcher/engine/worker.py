@@ -143,6 +143,9 @@ class Worker:
         workers = config.workers
         self._lane_policy = LanePolicy(workers.lease, config.http.timeout, workers.lane_horizon, workers.lane_turn,
                                        workers.claim_batch)
+        # This process's share of an endpoint's slots: a hot endpoint's lane is served by every
+        # process of the host at once, not by whichever claimed it first.
+        self._share = -(-workers.per_endpoint_concurrency // workers.processes)
         self._held = 0
         self._finished: list[Attempt] = []
         self._slot_entries: list[SlotEntry] = []
@@ -199,7 +202,7 @@ class Worker:
             try:
                 rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
                                           list(self._lanes), self._cursor, workers.lease,
-                                          self.config.secrets.rotation_grace, refill)
+                                          self.config.secrets.rotation_grace, refill, self._share)
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 self._settle_refills(refill, [], answered=False)

@@ -11,8 +11,10 @@
 --  2. walk the endpoints that have pending rows (a loose index scan over
 --     webhook_deliveries_due), starting after a rotating cursor and wrapping,
 --     and take from each only what keeps its leased rows, across the region,
---     within per_endpoint (and its rate limit): no endpoint can fill a batch,
---     and every endpoint is visited in turn.
+--     within per_endpoint (and its rate limit), and no more than this
+--     process's share of them: no endpoint can fill a batch, every endpoint
+--     is visited in turn, and a hot endpoint's slots are spread over the
+--     processes that claim it.
 --  3. stamp the lease in columns no index names (locked_until, locked_by,
 --     claim_token: a HOT update, migration 0013), and add what each endpoint
 --     now leases to endpoint_leases; the due scans skip rows whose lease is
@@ -105,7 +107,8 @@ WITH RECURSIVE token AS (
                                     AS max_per_second
                           OFFSET 0) lock
      CROSS JOIN LATERAL (SELECT CASE WHEN lock.held
-                                     THEN dispatcher_lane_free(e.endpoint_id, %(per_endpoint)s, lock.max_per_second)
+                                     THEN least(%(share)s, dispatcher_lane_free(e.endpoint_id, %(per_endpoint)s,
+                                                                                lock.max_per_second))
                                      ELSE 0 END AS room,
                                 lock.max_per_second
                           OFFSET 0) lane
