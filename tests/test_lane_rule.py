@@ -20,7 +20,7 @@ POLICY = LanePolicy(lease=60.0, deadline=10.0, horizon=0.25, turn=5.0, cap=200)
     (1, FIRST_GUESS, 5),
 ])
 def test_a_lane_queues_a_horizon_of_the_endpoints_work(slots: int, mean: float, depth: int) -> None:
-    assert POLICY.depth(slots, mean) == depth
+    assert POLICY.depth(slots, mean, 512) == depth
 
 
 @pytest.mark.parametrize(("queued", "held_for", "want"), [
@@ -30,11 +30,11 @@ def test_a_lane_queues_a_horizon_of_the_endpoints_work(slots: int, mean: float, 
     (0, 5.0, 0),        # its turn is over: no more rows, the lane drains and lets its slots go round
 ])
 def test_a_lane_asks_at_half_depth_until_its_turn_ends(queued: int, held_for: float, want: int) -> None:
-    assert POLICY.refill(4, queued, 0.01, held_for) == want
+    assert POLICY.refill(4, queued, 0.01, held_for, 512) == want
 
 
 def test_a_lane_without_slots_asks_for_nothing() -> None:
-    assert POLICY.refill(0, 0, 0.01, 0.0) == 0
+    assert POLICY.refill(0, 0, 0.01, 0.0, 512) == 0
 
 
 @pytest.mark.parametrize(("since_renewed", "due"), [(0.0, False), (19.9, False), (20.0, True)])
@@ -53,13 +53,19 @@ def test_a_queued_row_is_sent_only_while_both_leases_outlast_a_deadline(
     assert POLICY.sendable(since_claimed, since_renewed) is sendable
 
 
+@pytest.mark.parametrize(("budget", "depth"), [(512, 100), (20, 20), (1, 4)])
+def test_many_lanes_share_what_the_process_may_hold(budget: int, depth: int) -> None:
+    # 512 rows over 25 lanes: 20 each; never below a row a slot.
+    assert POLICY.depth(4, 0.01, budget) == depth
+
+
 @given(slots=st.integers(1, 64), mean=st.floats(0.0, 100.0), queued=st.integers(0, 500),
-       held_for=st.floats(0.0, 4.99))
+       held_for=st.floats(0.0, 4.99), budget=st.integers(1, 1000))
 def test_a_refill_never_queues_past_the_cap_nor_leaves_a_slot_without_a_row(
-        slots: int, mean: float, queued: int, held_for: float) -> None:
-    depth = POLICY.depth(slots, mean)
-    assert min(slots, POLICY.cap) <= depth <= max(slots, POLICY.cap)
-    want = POLICY.refill(slots, queued, mean, held_for)
+        slots: int, mean: float, queued: int, held_for: float, budget: int) -> None:
+    depth = POLICY.depth(slots, mean, budget)
+    assert slots <= depth <= max(slots, min(POLICY.cap, budget))
+    want = POLICY.refill(slots, queued, mean, held_for, budget)
     assert want >= 0 and (want == 0 or queued + want == depth)
 
 

@@ -222,11 +222,13 @@ class Worker:
     def _refills(self, room: int) -> list[tuple[int, int]]:
         """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
         marks what is asked, within ``room``."""
-        now, refill = time.monotonic(), []
-        for endpoint_id, lane in self._lanes.items():
+        now, refill, budget = time.monotonic(), [], self._lane_budget()
+        # The emptiest lanes first: when room is short, it goes where senders would wait.
+        for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
             if lane.asked or lane.closing or not lane.grants:
                 continue
-            want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started))
+            want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started,
+                                                      budget))
             if want > 0 or self._lane_policy.renewal_due(now - lane.renewed):
                 room -= max(want, 0)
                 lane.asked = max(want, 0)
@@ -339,21 +341,21 @@ class Worker:
                 self._start_senders(endpoint_id, lane)  # or a timer, when the rows wait for a resting slot
             self._settle(endpoint_id, lane)
 
+    def _lane_budget(self) -> int:
+        """Rows one lane may queue: an even part of what the process may hold."""
+        return self.config.workers.max_in_flight // max(1, len(self._lanes))
+
     def _wake_if_low(self, lane: Lane) -> None:
         if not lane.asked and not lane.closing and lane.grants and self._lane_policy.refill(
-                lane.slots, len(lane.queue), lane.mean, time.monotonic() - lane.started) > 0:
+                lane.slots, len(lane.queue), lane.mean, time.monotonic() - lane.started, self._lane_budget()) > 0:
             self._wake.set()
 
     def _settle(self, endpoint_id: int, lane: Lane) -> None:
-        """An idle lane gives its slots back once it is closing (no rows came, its turn is
-        over, its breaker opened, the process stops); else it asks the claimer for rows."""
-        if not lane.idle() or self._lanes.get(endpoint_id) is not lane:
-            return
-        if not lane.closing and not self._stopping.is_set() and lane.grants and self._lane_policy.refill(
-                lane.slots, 0, lane.mean, time.monotonic() - lane.started) > 0:
-            self._wake.set()
-            return
-        self._give_back(endpoint_id, lane)
+        """A lane with no row queued, none sending and none asked for gives its slots back: a
+        slot is kept only while there is work for it (the lane asks for more rows while it
+        still has some, so a busy endpoint's lane never gets here)."""
+        if lane.idle() and self._lanes.get(endpoint_id) is lane:
+            self._give_back(endpoint_id, lane)
 
     def _give_back(self, endpoint_id: int, lane: Lane) -> None:
         """Every slot of the lane goes back with the next flush; a resting one after its hold."""

@@ -31,18 +31,19 @@ class LanePolicy:
     turn: float = 5.0       # workers.lane_turn: seconds a process keeps a lane before it lets it go round
     cap: int = 200          # rows one refill asks for at most (workers.claim_batch)
 
-    def depth(self, slots: int, mean: float) -> int:
+    def depth(self, slots: int, mean: float, budget: int) -> int:
         """Rows to keep queued for ``slots`` senders whose attempts take ``mean`` seconds:
-        ``horizon`` seconds of work, at least one row a slot, at most ``cap``."""
+        ``horizon`` seconds of work, at most ``cap`` and the lane's ``budget`` (its part of what
+        the process may hold), and at least one row a slot."""
         per_slot = self.horizon / max(mean, 1e-3)
-        return max(slots, min(self.cap, math.ceil(slots * per_slot)))
+        return max(slots, min(self.cap, budget, math.ceil(slots * per_slot)))
 
-    def refill(self, slots: int, queued: int, mean: float, held_for: float) -> int:
+    def refill(self, slots: int, queued: int, mean: float, held_for: float, budget: int) -> int:
         """Rows to ask for now: the depth less what is queued, once the queue is down to half
         of it; none once the lane has been held for a whole ``turn``."""
         if slots <= 0 or held_for >= self.turn:
             return 0
-        depth = self.depth(slots, mean)
+        depth = self.depth(slots, mean, budget)
         return depth - queued if queued * 2 <= depth else 0
 
     def renewal_due(self, since_renewed: float) -> bool:
