@@ -351,11 +351,19 @@ class Worker:
             self._wake.set()
 
     def _settle(self, endpoint_id: int, lane: Lane) -> None:
-        """A lane with no row queued, none sending and none asked for gives its slots back: a
-        slot is kept only while there is work for it (the lane asks for more rows while it
-        still has some, so a busy endpoint's lane never gets here)."""
-        if lane.idle() and self._lanes.get(endpoint_id) is lane:
-            self._give_back(endpoint_id, lane)
+        """A lane with no row queued, none sending and none asked for keeps its slots only
+        while the very next claim can bring it rows (the process has room, and the lane is
+        neither closing nor past its turn); otherwise it gives them back at once: a slot is
+        never kept idle waiting for room."""
+        if not lane.idle() or self._lanes.get(endpoint_id) is not lane:
+            return
+        if (not lane.closing and not self._stopping.is_set() and lane.grants
+                and self._held < self.config.workers.max_in_flight
+                and self._lane_policy.refill(lane.slots, 0, lane.mean, time.monotonic() - lane.started,
+                                             self._lane_budget()) > 0):
+            self._wake.set()
+            return
+        self._give_back(endpoint_id, lane)
 
     def _give_back(self, endpoint_id: int, lane: Lane) -> None:
         """Every slot of the lane goes back with the next flush; a resting one after its hold."""
