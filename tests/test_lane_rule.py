@@ -37,6 +37,11 @@ def test_a_lane_without_slots_asks_for_nothing() -> None:
     assert POLICY.refill(0, 0, 0.01, 0.0, 512) == 0
 
 
+@pytest.mark.parametrize(("budget", "want"), [(8, 8), (7, 0), (1, 0)])
+def test_with_too_many_lanes_to_queue_ahead_a_lane_asks_for_nothing(budget: int, want: int) -> None:
+    assert POLICY.refill(4, 0, 0.01, 0.0, budget) == want
+
+
 @pytest.mark.parametrize(("since_renewed", "due"), [(0.0, False), (19.9, False), (20.0, True)])
 def test_the_slots_lease_is_renewed_a_third_of_the_way_through(since_renewed: float, due: bool) -> None:
     assert POLICY.renewal_due(since_renewed) is due
@@ -67,6 +72,7 @@ def test_a_refill_never_queues_past_the_cap_nor_leaves_a_slot_without_a_row(
     assert slots <= depth <= max(slots, min(POLICY.cap, budget))
     want = POLICY.refill(slots, queued, mean, held_for, budget)
     assert want >= 0 and (want == 0 or queued + want == depth)
+    assert budget >= 2 * slots or want == 0
 
 
 def test_the_running_mean_follows_the_endpoint() -> None:

@@ -40,8 +40,10 @@ class LanePolicy:
 
     def refill(self, slots: int, queued: int, mean: float, held_for: float, budget: int) -> int:
         """Rows to ask for now: the depth less what is queued, once the queue is down to half
-        of it; none once the lane has been held for a whole ``turn``."""
-        if slots <= 0 or held_for >= self.turn:
+        of it; none once the lane has been held for a whole ``turn``, nor when the lane's
+        ``budget`` cannot queue a second row a slot (so many lanes are open that each is better
+        served by the endpoint walk, which takes a slot per row and gives it back with it)."""
+        if slots <= 0 or held_for >= self.turn or budget < 2 * slots:
             return 0
         depth = self.depth(slots, mean, budget)
         return depth - queued if queued * 2 <= depth else 0
