@@ -366,15 +366,14 @@ class Worker:
         self._give_back(endpoint_id, lane)
 
     def _give_back(self, endpoint_id: int, lane: Lane) -> None:
-        """Every slot of the lane goes back with the next flush; a resting one after its hold."""
+        """Every slot of the lane goes back with the next flush (within ``workers.flush_interval``:
+        a flush of its own per lane would cost a statement per lane); a resting one after its hold."""
         del self._lanes[endpoint_id]
         now = time.monotonic()
         resting = sorted(end - now for end in lane.cooling if end > now)
         for token, count in lane.grants.items():
             rest, resting = resting[:count], resting[count:]
             self._slot_entries.append(SlotEntry(endpoint_id, token, 0, len(rest), rest[-1] if rest else 0.0))
-        if lane.grants:
-            self._flush_now.set()
 
     def _park(self) -> tuple[int, Lane] | None:
         """The next lane to serve, or None: the sender ends.  At most as many senders park as
