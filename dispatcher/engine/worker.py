@@ -143,8 +143,10 @@ class Worker:
         workers = config.workers
         self._lane_policy = LanePolicy(workers.lease, config.http.timeout, workers.lane_horizon, workers.lane_turn,
                                        workers.claim_batch)
-        # This process's share of an endpoint's slots: a hot endpoint's lane is served by every
-        # process of the host at once, not by whichever claimed it first.
+        # This process's share of an endpoint's slots while it holds few lanes: a hot endpoint's
+        # lane is then served by every process of the host at once, not by whichever claimed it
+        # first.  With many lanes open (a spread load) a visit takes the whole room, as a visit
+        # costs the database about as much for one row as for four.
         self._share = -(-workers.per_endpoint_concurrency // workers.processes)
         self._held = 0
         self._finished: list[Attempt] = []
@@ -202,7 +204,7 @@ class Worker:
             try:
                 rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
                                           list(self._lanes), self._cursor, workers.lease,
-                                          self.config.secrets.rotation_grace, refill, self._share)
+                                          self.config.secrets.rotation_grace, refill, self._walk_share())
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 self._settle_refills(refill, [], answered=False)
@@ -222,7 +224,10 @@ class Worker:
     def _refills(self, room: int) -> list[tuple[int, int]]:
         """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
         marks what is asked, within ``room``."""
-        now, refill, budget = time.monotonic(), [], self._lane_budget()
+        now, budget = time.monotonic(), self._lane_budget()
+        refill: list[tuple[int, int]] = []
+        if budget < 2:  # too many lanes open to queue ahead on any of them (LanePolicy.refill)
+            return refill
         # The emptiest lanes first: when room is short, it goes where senders would wait.
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
             if lane.asked or lane.closing or not lane.grants:
@@ -340,6 +345,11 @@ class Worker:
             if lane.queue and not self._stopping.is_set():
                 self._start_senders(endpoint_id, lane)  # or a timer, when the rows wait for a resting slot
             self._settle(endpoint_id, lane)
+
+    def _walk_share(self) -> int:
+        """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
+        limit = self.config.workers.per_endpoint_concurrency
+        return self._share if self._lane_budget() >= 2 * limit else limit
 
     def _lane_budget(self) -> int:
         """Rows one lane may queue: an even part of what the process may hold."""
