@@ -37,6 +37,10 @@ def test_a_lane_without_slots_asks_for_nothing() -> None:
     assert POLICY.refill(0, 0, 0.01, 0.0, 512) == 0
 
 
+def test_without_lane_hold_a_lane_never_asks_for_rows() -> None:
+    assert LanePolicy(lease=60.0, deadline=10.0, hold=False).refill(4, 0, 0.01, 0.0, 512) == 0
+
+
 @pytest.mark.parametrize(("budget", "want"), [(8, 8), (7, 0), (1, 0)])
 def test_with_too_many_lanes_to_queue_ahead_a_lane_asks_for_nothing(budget: int, want: int) -> None:
     assert POLICY.refill(4, 0, 0.01, 0.0, budget) == want

@@ -93,7 +93,7 @@ def test_a_hot_lane_keeps_its_slots_and_hands_them_on(db, write_config) -> None:
     with ReceiverProcess(secrets=[SECRET]) as receiver:
         seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=5)])
         config = write_config(db, workers={"per_endpoint_concurrency": 4, "poll_interval": "50ms",
-                                           "lane_turn": "10m", "lease": "60s"})
+                                           "lane_hold": True, "lane_turn": "10m", "lease": "60s"})
         produce(config, db.dsn, "ws", 300)
         out = run_green("tests.support.faults:run_hot_lane_workers", {
             "config": str(config), "dsn": db.dsn, "total": 300, "hand_on_after": 100}, timeout=120)

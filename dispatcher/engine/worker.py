@@ -142,7 +142,7 @@ class Worker:
         self._lanes: dict[int, Lane] = {}
         workers = config.workers
         self._lane_policy = LanePolicy(workers.lease, config.http.timeout, workers.lane_horizon, workers.lane_turn,
-                                       workers.claim_batch)
+                                       workers.claim_batch, workers.lane_hold)
         # This process's share of an endpoint's slots while it holds few lanes: a hot endpoint's
         # lane is then served by every process of the host at once, not by whichever claimed it
         # first.  With many lanes open (a spread load) a visit takes the whole room, as a visit
@@ -226,7 +226,7 @@ class Worker:
         marks what is asked, within ``room``."""
         now, budget = time.monotonic(), self._lane_budget()
         refill: list[tuple[int, int]] = []
-        if budget < 2:  # too many lanes open to queue ahead on any of them (LanePolicy.refill)
+        if budget < 2 or not self._lane_policy.hold:  # no lane can queue ahead (LanePolicy.refill)
             return refill
         # The emptiest lanes first: when room is short, it goes where senders would wait.
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
@@ -349,7 +349,7 @@ class Worker:
     def _walk_share(self) -> int:
         """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
         limit = self.config.workers.per_endpoint_concurrency
-        return self._share if self._lane_budget() >= 2 * limit else limit
+        return self._share if self._lane_policy.hold and self._lane_budget() >= 2 * limit else limit
 
     def _lane_budget(self) -> int:
         """Rows one lane may queue: an even part of what the process may hold."""

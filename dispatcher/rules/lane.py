@@ -30,6 +30,7 @@ class LanePolicy:
     horizon: float = 0.25   # workers.lane_horizon: seconds of the endpoint's work queued ahead
     turn: float = 5.0       # workers.lane_turn: seconds a process keeps a lane before it lets it go round
     cap: int = 200          # rows one refill asks for at most (workers.claim_batch)
+    hold: bool = True       # workers.lane_hold: False, a lane never asks for more rows
 
     def depth(self, slots: int, mean: float, budget: int) -> int:
         """Rows to keep queued for ``slots`` senders whose attempts take ``mean`` seconds:
@@ -43,7 +44,7 @@ class LanePolicy:
         of it; none once the lane has been held for a whole ``turn``, nor when the lane's
         ``budget`` cannot queue a second row a slot (so many lanes are open that each is better
         served by the endpoint walk, which takes a slot per row and gives it back with it)."""
-        if slots <= 0 or held_for >= self.turn or budget < 2 * slots:
+        if not self.hold or slots <= 0 or held_for >= self.turn or budget < 2 * slots:
             return 0
         depth = self.depth(slots, mean, budget)
         return depth - queued if queued * 2 <= depth else 0
