@@ -31,7 +31,7 @@ from benchmarks.harness import (
 )
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES
-from dispatcher.store.engine import AttemptRecord, EngineStore, ManagedConnection
+from dispatcher.store.engine import AttemptRecord, EngineStore, ManagedConnection, slots_of
 from dispatcher_devtools.kit import Database, seed_endpoints
 
 WORKSPACES = 100
@@ -55,7 +55,7 @@ def _measure(db: Database, store: EngineStore, cursor: int, claims: int) -> tupl
         # Written as retries due at once (an HTTP 500, delay 0): the rows stay
         # pending, so the backlog keeps its size while it is measured.
         store.record([AttemptRecord(r.id, r.claim_token, r.endpoint_id, "pending", r.attempt, 0.0, "HTTP 500", 500,
-                                    "http_5xx", now, 1, "") for r in rows])
+                                    "http_5xx", now, 1, "") for r in rows], slots_of(rows))
         recorded = time.perf_counter()
         if n >= 3:  # warm-up: the first claims load the prepared statements and caches
             claim_s.append(claimed - started)
@@ -80,8 +80,8 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
-            params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "busy": [], "after": cursor,
-                      "lease": 60.0, "grace": ROTATION_GRACE}
+            params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [],
+                      "after": cursor, "lease": 60.0, "grace": ROTATION_GRACE, "refill": "[]"}
             # Each statement runs twice: as text inside a savepoint that is
             # rolled back, then as JSON for real (the record needs the claim).
             cur.execute("SAVEPOINT text_form")
@@ -98,10 +98,11 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
                                    "duration_ms": 1, "excerpt": "", "endpoint_id": e} for i, t, e in claimed])
             # (rolled back below, like the claim: the backlog keeps its size)
             cur.execute("SAVEPOINT text_form")
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["engine_record"], {"results": results})
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["engine_record"], {"results": results, "slots": "[]"})
             record_text = [r[0] for r in cur.fetchall()]
             cur.execute("ROLLBACK TO SAVEPOINT text_form")
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["engine_record"], {"results": results})
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["engine_record"],
+                        {"results": results, "slots": "[]"})
             record_plan = cur.fetchone()[0][0]
         conn.rollback()
     finally:

@@ -24,7 +24,7 @@ import psutil
 
 from benchmarks.harness import bench_database, insert_backlog
 from dispatcher.signing import ROTATION_GRACE
-from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection, slots_of
 from dispatcher_devtools.kit import Database, seed_endpoints
 
 APPLICATION = "bench:dbcost"
@@ -54,7 +54,7 @@ def _drain(store: EngineStore, cpu: Callable[[], float]) -> dict[str, float]:
         wrapped = [r.endpoint_id for r in rows if r.endpoint_id <= cursor]
         cursor = max(wrapped) if wrapped else max(r.endpoint_id for r in rows)
         before = cpu()
-        spent["delivered"] += len(store.record(_delivered(rows)))
+        spent["delivered"] += len(store.record(_delivered(rows), slots_of(rows)))
         spent["record"] += cpu() - before
 
 

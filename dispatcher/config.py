@@ -229,6 +229,12 @@ class WorkersConfig:
     lease: float = setting(60.0, parse_duration, "how long a claim is owned before another worker may take it")
     max_in_flight: int = setting(512, _positive_int, "deliveries a process holds (queued + sending) at most")
     flush_interval: float = setting(0.05, parse_duration, "how long results wait before their batched write")
+    lane_hold: bool = setting(False, _boolean,
+                              "keep an endpoint's slots while this process has rows for it (docs/claim.md)")
+    lane_horizon: float = setting(0.25, parse_duration,
+                                  "seconds of an endpoint's work a process queues ahead of the slots it holds")
+    lane_turn: float = setting(5.0, parse_duration,
+                               "how long a process keeps an endpoint's slots before it lets them go round")
     heartbeat_interval: float = setting(1.0, parse_duration, "how often a worker proves it is alive")
     heartbeat_timeout: float = setting(30.0, parse_duration, "silence after which a worker is killed and replaced")
     status_interval: float = setting(5.0, parse_duration,

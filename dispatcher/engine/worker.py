@@ -45,10 +45,11 @@ from dispatcher.engine.delivery import Attempt, DeliveryMaker
 from dispatcher.engine.notifier import OwnerNotices
 from dispatcher.metrics import Metrics
 from dispatcher.rules.backoff import Backoff
-from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerWrite, Signal
+from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, BreakerWrite, Signal
+from dispatcher.rules.lane import FIRST_GUESS, LanePolicy, running_mean
 from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
-from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
 
@@ -72,14 +73,32 @@ WRITE_BACKOFF = Backoff(base=0.05, jitter=0.5)
 
 @dataclass
 class Lane:
-    """The rows this process holds for one endpoint, and its senders."""
+    """One endpoint's lane in this process: the region-wide slots it holds, the rows queued
+    for them, and its senders (docs/claim.md, "Holding a lane")."""
 
+    started: float                # monotonic: when the first slot was taken (the lane's turn)
+    renewed: float                # monotonic: the last claim that renewed the slots' lease
     queue: deque[tuple[ClaimedRow, float]] = field(default_factory=deque)
     active: int = 0
+    grants: dict[int, int] = field(default_factory=dict)  # claim token -> slots held under it
+    cooling: list[float] = field(default_factory=list)    # monotonic ends of timed-out slots' holds
+    mean: float = FIRST_GUESS     # running mean of this endpoint's attempt time, seconds
+    asked: int = 0                # rows asked for by a claim still under way
+    closing: bool = False         # no more rows: drain, then give the slots back
+    timed: bool = False           # a timer will start senders when a resting slot is usable again
 
     @property
-    def held(self) -> int:
-        return len(self.queue) + self.active
+    def slots(self) -> int:
+        return sum(self.grants.values())
+
+    def usable(self, now: float) -> int:
+        """Slots a sender may use now: a timed-out attempt's slot rests for its hold."""
+        if self.cooling:
+            self.cooling = [end for end in self.cooling if end > now]
+        return self.slots - len(self.cooling)
+
+    def idle(self) -> bool:
+        return not self.queue and not self.active and not self.asked
 
 
 class FailureWaits:
@@ -121,8 +140,18 @@ class Worker:
         self._notice_due = gevent.event.Event()
         self._breaker = config.breaker.policy()
         self._lanes: dict[int, Lane] = {}
+        workers = config.workers
+        self._lane_policy = LanePolicy(workers.lease, config.http.timeout, workers.lane_horizon, workers.lane_turn,
+                                       workers.claim_batch, workers.lane_hold)
+        # This process's share of an endpoint's slots while it holds few lanes: a hot endpoint's
+        # lane is then served by every process of the host at once, not by whichever claimed it
+        # first.  With many lanes open (a spread load) a visit takes the whole room, as a visit
+        # costs the database about as much for one row as for four.
+        self._share = -(-workers.per_endpoint_concurrency // workers.processes)
         self._held = 0
         self._finished: list[Attempt] = []
+        self._slot_entries: list[SlotEntry] = []
+        self._wake = gevent.event.Event()
         self._room = gevent.event.Event()
         self._flush_now = gevent.event.Event()
         self._stopping = gevent.event.Event()
@@ -164,56 +193,119 @@ class Worker:
         backoff = FailureWaits(replace(CLAIM_BACKOFF, cap=self.config.database.reconnect_max))
         workers = self.config.workers
         while not self._stopping.is_set():
+            self._wake.clear()
             room = workers.max_in_flight - self._held
-            want = min(workers.claim_batch, room)
-            if want < max(1, min(workers.claim_batch, workers.max_in_flight) // 4) and self._held:
+            refill = self._refills(room)
+            want = min(workers.claim_batch, room - sum(asked for _, asked in refill))
+            if not refill and want < max(1, min(workers.claim_batch, workers.max_in_flight) // 4) and self._held:
                 self._room.clear()
                 self._room.wait(workers.poll_interval)
                 continue
             try:
-                rows = self._claims.claim(self.owner, want, workers.per_endpoint_concurrency,
-                                          self._busy_endpoints(), self._cursor, workers.lease,
-                                          self.config.secrets.rotation_grace)
+                rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
+                                          list(self._lanes), self._cursor, workers.lease,
+                                          self.config.secrets.rotation_grace, refill, self._walk_share())
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
+                self._settle_refills(refill, [], answered=False)
                 backoff.wait(self._stopping)
                 continue
             backoff.reset()
             self._accept(rows)
+            self._settle_refills(refill, rows, answered=True)
             if len(rows) < want:
                 # Idle (nothing due): look again after poll_interval.  Busy (the
                 # claim found rows but fewer than it could take): rows keep
                 # arriving, so look again soon, or pick-up latency under steady
-                # load would be poll_interval / 2 on average, not a few ms.
-                self._stopping.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
+                # load would be poll_interval / 2 on average, not a few ms.  A
+                # lane running low wakes the claimer at once (_wake).
+                self._wake.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
 
-    def _busy_endpoints(self) -> list[int]:
-        limit = self.config.workers.per_endpoint_concurrency
-        # Lane.held spelled out: this walks every lane on every claim.
-        return [endpoint_id for endpoint_id, lane in self._lanes.items() if len(lane.queue) + lane.active >= limit]
+    def _refills(self, room: int) -> list[tuple[int, int]]:
+        """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
+        marks what is asked, within ``room``."""
+        now, budget = time.monotonic(), self._lane_budget()
+        refill: list[tuple[int, int]] = []
+        if budget < 2 or not self._lane_policy.hold:  # no lane can queue ahead (LanePolicy.refill)
+            return refill
+        # The emptiest lanes first: when room is short, it goes where senders would wait.
+        for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
+            if lane.asked or lane.closing or not lane.grants:
+                continue
+            want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started,
+                                                      budget))
+            if want > 0 or self._lane_policy.renewal_due(now - lane.renewed):
+                room -= max(want, 0)
+                lane.asked = max(want, 0)
+                refill.append((endpoint_id, lane.asked))
+        return refill
+
+    def _settle_refills(self, refill: list[tuple[int, int]], rows: list[ClaimedRow], answered: bool) -> None:
+        """After a claim: an answered refill renewed its lane's slots, and a lane whose refill
+        found no due rows has run dry (it gives its slots back once its senders finish)."""
+        if not refill:
+            return
+        now = time.monotonic()
+        got = {row.endpoint_id for row in rows if not row.grants_slot}
+        for endpoint_id, asked in refill:
+            lane = self._lanes.get(endpoint_id)
+            if lane is None:
+                continue
+            lane.asked = 0
+            if answered:
+                lane.renewed = now
+                lane.closing = lane.closing or bool(asked and endpoint_id not in got)
+            self._settle(endpoint_id, lane)
 
     def _accept(self, rows: list[ClaimedRow]) -> None:
         if not rows:
             return
         claimed_at = time.monotonic()
-        wrapped = [row.endpoint_id for row in rows if row.endpoint_id <= self._cursor]
-        self._cursor = max(wrapped) if wrapped else max(row.endpoint_id for row in rows)
-        self._held += len(rows)
+        walked = [row.endpoint_id for row in rows if row.grants_slot]
+        if walked:
+            wrapped = [endpoint_id for endpoint_id in walked if endpoint_id <= self._cursor]
+            self._cursor = max(wrapped) if wrapped else max(walked)
+        strays: list[tuple[int, int]] = []
         for row in rows:
-            lane = self._lanes.setdefault(row.endpoint_id, Lane())
+            lane = self._lanes.get(row.endpoint_id)
+            if lane is None:
+                if not row.grants_slot:  # its lane gave its slots back while the claim ran
+                    strays.append((row.id, row.claim_token))
+                    continue
+                lane = self._lanes[row.endpoint_id] = Lane(started=claimed_at, renewed=claimed_at)
+            if row.grants_slot:
+                lane.grants[row.claim_token] = lane.grants.get(row.claim_token, 0) + 1
             lane.queue.append((row, claimed_at))
-            self._start_senders(row.endpoint_id, lane)
+            self._held += 1
+        for endpoint_id in {row.endpoint_id for row in rows}:
+            lane = self._lanes.get(endpoint_id)
+            if lane is not None:
+                self._start_senders(endpoint_id, lane)
+        self._release(strays)
 
     # -- sending -----------------------------------------------------------
 
     def _start_senders(self, endpoint_id: int, lane: Lane) -> None:
-        while lane.active < self.config.workers.per_endpoint_concurrency and lane.queue:
+        if self._lanes.get(endpoint_id) is not lane:
+            return  # a timer for a lane that has since given its slots back
+        now = time.monotonic()
+        usable = lane.usable(now)
+        while lane.active < usable and lane.queue:
             lane.active += 1
             if self._parked:
                 # Waking a parked sender costs a fraction of a new greenlet (docs/benchmarks.md).
                 gevent.get_hub().loop.run_callback(self._parked.pop().switch, (endpoint_id, lane))
             else:
                 gevent.spawn(self._sender, endpoint_id, lane)
+        if lane.queue and lane.cooling and not lane.timed:
+            # Rows wait for a resting slot: look again when the first rest ends (a little
+            # after: the loop's clock runs behind time.monotonic()).
+            lane.timed = True
+            gevent.spawn_later(min(lane.cooling) - now + 0.005, self._rested, endpoint_id, lane)
+
+    def _rested(self, endpoint_id: int, lane: Lane) -> None:
+        lane.timed = False
+        self._start_senders(endpoint_id, lane)
 
     def _sender(self, endpoint_id: int, lane: Lane) -> None:
         """Serve one lane, then park until ``_start_senders`` hands over another (or the process stops)."""
@@ -223,16 +315,75 @@ class Worker:
             job = self._park()
 
     def _send_lane(self, endpoint_id: int, lane: Lane) -> None:
-        """Send this lane's rows one after another until its queue is empty."""
+        """Send this lane's rows one after another, each as soon as the one before is answered,
+        while the lane has rows and a usable slot for this sender."""
         try:
             while lane.queue and not self._stopping.is_set():
+                now = time.monotonic()
+                if lane.active > lane.usable(now):
+                    break  # a timed-out attempt's slot rests: one sender fewer for now
                 row, claimed_at = lane.queue.popleft()
+                if not self._lane_policy.sendable(now - claimed_at, now - lane.renewed):
+                    # Its lease (or its lane's) would lapse mid-attempt: another worker may take it then.
+                    self._held -= 1
+                    self._room.set()
+                    self._release([(row.id, row.claim_token)])
+                    continue
                 attempt = self._maker.attempt(row, claimed_at)
+                lane.mean = running_mean(lane.mean, attempt.record.duration_ms / 1000.0)
+                if attempt.record.hold > 0:
+                    lane.cooling.append(time.monotonic() + attempt.record.hold)
                 self._finish(attempt)
+                if attempt.breaker is BreakerSignal.FAILURE:
+                    # The breaker learns of it at the next flush: until then the lane sends no
+                    # more of its queue into what may be a failing endpoint (each would use an attempt).
+                    self._hand_back_lane(endpoint_id)
+                    break
+                self._wake_if_low(lane)
         finally:
             lane.active -= 1
-            if not lane.held:
-                self._lanes.pop(endpoint_id, None)
+            if lane.queue and not self._stopping.is_set():
+                self._start_senders(endpoint_id, lane)  # or a timer, when the rows wait for a resting slot
+            self._settle(endpoint_id, lane)
+
+    def _walk_share(self) -> int:
+        """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
+        limit = self.config.workers.per_endpoint_concurrency
+        return self._share if self._lane_policy.hold and self._lane_budget() >= 2 * limit else limit
+
+    def _lane_budget(self) -> int:
+        """Rows one lane may queue: an even part of what the process may hold."""
+        return self.config.workers.max_in_flight // max(1, len(self._lanes))
+
+    def _wake_if_low(self, lane: Lane) -> None:
+        if not lane.asked and not lane.closing and lane.grants and self._lane_policy.refill(
+                lane.slots, len(lane.queue), lane.mean, time.monotonic() - lane.started, self._lane_budget()) > 0:
+            self._wake.set()
+
+    def _settle(self, endpoint_id: int, lane: Lane) -> None:
+        """A lane with no row queued, none sending and none asked for keeps its slots only
+        while the very next claim can bring it rows (the process has room, and the lane is
+        neither closing nor past its turn); otherwise it gives them back at once: a slot is
+        never kept idle waiting for room."""
+        if not lane.idle() or self._lanes.get(endpoint_id) is not lane:
+            return
+        if (not lane.closing and not self._stopping.is_set() and lane.grants
+                and self._held < self.config.workers.max_in_flight
+                and self._lane_policy.refill(lane.slots, 0, lane.mean, time.monotonic() - lane.started,
+                                             self._lane_budget()) > 0):
+            self._wake.set()
+            return
+        self._give_back(endpoint_id, lane)
+
+    def _give_back(self, endpoint_id: int, lane: Lane) -> None:
+        """Every slot of the lane goes back with the next flush (within ``workers.flush_interval``:
+        a flush of its own per lane would cost a statement per lane); a resting one after its hold."""
+        del self._lanes[endpoint_id]
+        now = time.monotonic()
+        resting = sorted(end - now for end in lane.cooling if end > now)
+        for token, count in lane.grants.items():
+            rest, resting = resting[:count], resting[count:]
+            self._slot_entries.append(SlotEntry(endpoint_id, token, 0, len(rest), rest[-1] if rest else 0.0))
 
     def _park(self) -> tuple[int, Lane] | None:
         """The next lane to serve, or None: the sender ends.  At most as many senders park as
@@ -266,20 +417,23 @@ class Worker:
         while True:
             self._flush_now.wait(interval)
             self._flush_now.clear()
-            drained = self._stopping.is_set() and self._held == 0
-            if self._finished:
+            drained = self._stopping.is_set() and self._held == 0 and not self._lanes
+            if self._finished or self._slot_entries:
                 batch, self._finished = self._finished, []
-                if not self._write(batch):
+                entries, self._slot_entries = self._slot_entries, []
+                if not self._write(batch, entries):
                     self._finished = batch + self._finished
+                    self._slot_entries = entries + self._slot_entries
                     backoff.wait(gevent.event.Event())
                     continue
                 backoff.reset()
-            if drained and not self._finished:
+            if drained and not self._finished and not self._slot_entries:
                 return
 
-    def _write(self, batch: list[Attempt]) -> bool:
+    def _write(self, batch: list[Attempt], entries: list[SlotEntry]) -> bool:
+        """Write results and the lane slots given back; False: try the same again later."""
         try:
-            written = self._results.record([a.record for a in batch])
+            written = self._results.record([a.record for a in batch], entries)
         except DatabaseUnavailable as exc:
             log.warning("result write failed, will retry %d results: %s", len(batch), exc)
             return False
@@ -287,10 +441,10 @@ class Worker:
             # One bad result must not block the others, nor stop this loop:
             # halve the batch until the refused result stands alone.
             log.error("the database refused a batch of %d results (%s); writing it in parts", len(batch), exc)
-            if len(batch) == 1:
-                return self._write_bare(batch[0])
+            if len(batch) <= 1:
+                return self._write_bare(batch, entries)
             half = len(batch) // 2
-            return self._write(batch[:half]) and self._write(batch[half:])
+            return self._write(batch[:half], entries) and self._write(batch[half:], [])
         stale = len(batch) - len(written)
         if stale:
             log.warning("%d stale results rejected by the claim-token fence (lease lapsed)", stale)
@@ -299,18 +453,19 @@ class Worker:
         self._update_breakers(kept)
         return True
 
-    def _write_bare(self, attempt: Attempt) -> bool:
+    def _write_bare(self, batch: list[Attempt], entries: list[SlotEntry]) -> bool:
         """A result the database refuses: store it without its free text, or
-        give up on it -- its lease then lapses and the row is sent again."""
-        bare = replace(attempt, record=replace(attempt.record, error="the attempt's error text could not be stored",
-                                               excerpt=None))
+        give up on it -- its lease then lapses and the row is sent again (and
+        the slots named with it lapse with their lease too)."""
+        bare = [replace(attempt.record, error="the attempt's error text could not be stored", excerpt=None)
+                for attempt in batch]
         try:
-            self._results.record([bare.record])
+            self._results.record(bare, entries)
         except DatabaseUnavailable:
             return False
         except QueryRejected as exc:
-            log.error("result of delivery %d cannot be stored (%s); it will be sent again after its lease",
-                      attempt.record.id, exc)
+            log.error("result of %s cannot be stored (%s); sent again after its lease",
+                      f"delivery {batch[0].record.id}" if batch else "a lane's slots", exc)
         return True
 
     def _update_breakers(self, attempts: list[Attempt]) -> None:
@@ -331,16 +486,19 @@ class Worker:
                 self._hand_back_lane(write.endpoint_id)
 
     def _hand_back_lane(self, endpoint_id: int) -> None:
-        """The endpoint's breaker is open: rows queued here must not be sent now
-        (they would consume attempts), so they go back to the outbox."""
+        """The endpoint's breaker is open (or the process stops): rows queued here must not be
+        sent now (they would consume attempts), so they go back to the outbox, and the lane's
+        slots follow once its senders finish."""
         lane = self._lanes.get(endpoint_id)
-        if lane is None or not lane.queue:
+        if lane is None:
             return
+        lane.closing = True
         unsent = [(row.id, row.claim_token) for row, _ in lane.queue]
         lane.queue.clear()
         self._held -= len(unsent)
         self._room.set()
         self._release(unsent)
+        self._settle(endpoint_id, lane)
 
     def _announce(self, write: BreakerWrite) -> None:
         transition = BreakerPolicy.transitions(write.previous, write.breaker)
@@ -368,6 +526,8 @@ class Worker:
             log.warning("grace period over with %d sends in flight; their rows are released event=grace_period_over",
                         self._held)
             self._release([(row.id, row.claim_token) for row in self._maker.in_flight()])
+        for endpoint_id, lane in list(self._lanes.items()):
+            self._give_back(endpoint_id, lane)
 
     def _release(self, claims: list[tuple[int, int]]) -> None:
         if not claims:

@@ -11,8 +11,10 @@
 --  2. walk the endpoints that have pending rows (a loose index scan over
 --     webhook_deliveries_due), starting after a rotating cursor and wrapping,
 --     and take from each only what keeps its leased rows, across the region,
---     within per_endpoint (and its rate limit): no endpoint can fill a batch,
---     and every endpoint is visited in turn.
+--     within per_endpoint (and its rate limit), and no more than this
+--     process's share of them: no endpoint can fill a batch, every endpoint
+--     is visited in turn, and a hot endpoint's slots are spread over the
+--     processes that claim it.
 --  3. stamp the lease in columns no index names (locked_until, locked_by,
 --     claim_token: a HOT update, migration 0013), and add what each endpoint
 --     now leases to endpoint_leases; the due scans skip rows whose lease is
@@ -47,6 +49,27 @@ WITH RECURSIVE token AS (
          ORDER BY d.next_attempt_at
          LIMIT 1
            FOR UPDATE SKIP LOCKED) d
+), refill_rows AS (
+    -- Lanes this process already holds slots for (docs/claim.md, "Holding a
+    -- lane"): more due rows of the endpoint, no new slot and no lane lock, as
+    -- the slots are this process's already.  A rate-limited endpoint or one
+    -- whose breaker is not closed gets none: the lane then runs dry and its
+    -- slots go back.
+    SELECT d.id FROM json_to_recordset(%(refill)s::json) AS f(endpoint_id bigint, want int)
+     CROSS JOIN LATERAL (
+        SELECT d.id FROM webhook_deliveries d
+         WHERE d.endpoint_id = f.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
+           AND dispatcher_unleased(d.locked_until)
+         ORDER BY d.next_attempt_at
+         LIMIT f.want
+           FOR UPDATE SKIP LOCKED) d
+     WHERE coalesce((SELECT s.state FROM endpoint_state s WHERE s.endpoint_id = f.endpoint_id), 'closed') = 'closed'
+       AND (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = f.endpoint_id) IS NULL
+), renewed AS (
+    -- A lane that asks for more keeps its slots for another lease.
+    UPDATE endpoint_leases l SET until = now() + make_interval(secs => %(lease)s)
+      FROM json_to_recordset(%(refill)s::json) AS f(endpoint_id bigint, want int)
+     WHERE l.endpoint_id = f.endpoint_id AND l.owner = %(owner)s AND l.claim_token > 0
 ), after_cursor(endpoint_id) AS (
     (SELECT endpoint_id FROM webhook_deliveries
       WHERE status = 'pending' AND endpoint_id > %(after)s ORDER BY endpoint_id LIMIT 1)
@@ -84,7 +107,8 @@ WITH RECURSIVE token AS (
                                     AS max_per_second
                           OFFSET 0) lock
      CROSS JOIN LATERAL (SELECT CASE WHEN lock.held
-                                     THEN dispatcher_lane_free(e.endpoint_id, %(per_endpoint)s, lock.max_per_second)
+                                     THEN least(%(share)s, dispatcher_lane_free(e.endpoint_id, %(per_endpoint)s,
+                                                                                lock.max_per_second))
                                      ELSE 0 END AS room,
                                 lock.max_per_second
                           OFFSET 0) lane
@@ -122,15 +146,22 @@ WITH RECURSIVE token AS (
        SET locked_until = now() + make_interval(secs => %(lease)s),
            locked_by = %(owner)s,
            claim_token = token.value
-      FROM (SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates) c, token
-     WHERE w.id = c.id
-    RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token
+      FROM token
+     -- By primary key, as an array: joined to the three sets instead, the planner
+     -- hashed a scan of the whole outbox once the refill's estimate (a JSON
+     -- list) made the sets look large.
+     WHERE w.id = ANY (ARRAY(SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates
+                             UNION ALL SELECT id FROM refill_rows))
+    RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token,
+              w.id <> ALL (ARRAY(SELECT id FROM refill_rows)) AS slot
 ), leases AS (
-    -- What this claim holds of each endpoint's lane, until the results give
-    -- it back (engine_record, engine_release) or the lease lapses.
+    -- The slots this claim takes of each endpoint's lane: one per row it took
+    -- by the walk or a probe, held by this process until it gives them back
+    -- (engine_record's slot list) or the lease lapses.
     INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until)
     SELECT endpoint_id, claim_token, %(owner)s, count(*), now() + make_interval(secs => %(lease)s)
       FROM claimed
+     WHERE slot
      GROUP BY endpoint_id, claim_token
 ), claimed_events AS MATERIALIZED (
     -- The event, endpoint and workspace of the claimed rows are fetched by
@@ -163,7 +194,7 @@ WITH RECURSIVE token AS (
             OFFSET 0) e
       JOIN claimed_workspaces w ON w.workspace_id = e.workspace_id
 )
-SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt, c.mode,
+SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt, c.mode,
        extract(epoch FROM now() - c.created_at)::float8 AS age,
        extract(epoch FROM now())::float8 AS db_now,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
@@ -186,15 +217,25 @@ SELECT c.id, c.claim_token, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt,
 -- name: engine_record
 -- One statement per flush: every result of the batch, fenced by its claim
 -- token so a worker whose lease lapsed cannot overwrite the new owner's
--- result, and the attempt history appended for exactly the rows it wrote.
--- The batch travels as one JSON array of rows (store/engine.py builds it
--- with the C json encoder): adapting twelve Python lists element by element
--- into SQL array literals cost more worker CPU than the rest of the flush.
+-- result, and the attempt history appended for exactly the rows it wrote;
+-- then the lane slots the worker gives back (docs/claim.md, "Holding a lane").
+-- A result gives back no slot by itself: the worker keeps a lane's slots while
+-- it has rows for it, and names here what each of its slot entries holds now
+-- (keep: an absolute count, so a flush written twice gives nothing back twice).
+-- Slots given back while a timed-out attempt's hold runs (limits.slot_hold)
+-- stay counted that much longer in an entry of their own, keyed by the claim
+-- token negated, which dispatcher_lane_free counts until it lapses.
+-- Both lists travel as JSON arrays (store/engine.py builds them with the C
+-- json encoder): adapting Python lists element by element into SQL array
+-- literals cost more worker CPU than the rest of the flush.
 WITH results AS (
     SELECT * FROM json_to_recordset(%(results)s::json)
         AS r(id bigint, token bigint, status text, attempt int, delay float8, error text,
              status_code int, result text, started_ago float8, duration_ms int, excerpt text,
-             endpoint_id bigint, hold float8)
+             endpoint_id bigint)
+), slots AS (
+    SELECT * FROM json_to_recordset(%(slots)s::json)
+        AS s(endpoint_id bigint, token bigint, keep int, held int, hold float8)
 ), updated AS (
     UPDATE webhook_deliveries w
        SET status = r.status,
@@ -208,23 +249,19 @@ WITH results AS (
            locked_by = NULL, locked_until = NULL, claim_token = NULL
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
-    RETURNING w.id, w.endpoint_id, r.token, r.hold
-), given_back AS MATERIALIZED (
-    -- The lane slots of the rows written here go back (only rows this
-    -- statement wrote: the same batch written twice gives nothing back twice).
-    -- One row always (an aggregate), so the final join keeps every id; being
-    -- read by it is what makes this CTE run.
-    SELECT dispatcher_lanes_give_back(array_agg(endpoint_id), array_agg(token)) FROM updated
-), held AS (
-    -- A timed-out attempt's slot stays taken r.hold seconds longer
-    -- (limits.slot_hold): its own ledger entry, keyed by the claim token
-    -- negated, that dispatcher_lane_free counts until it lapses.
+    RETURNING w.id
+), slots_kept AS (
+    UPDATE endpoint_leases l SET leased = s.keep FROM slots s
+     WHERE l.endpoint_id = s.endpoint_id AND l.claim_token = s.token AND s.keep > 0
+), slots_returned AS (
+    DELETE FROM endpoint_leases l USING slots s
+     WHERE l.endpoint_id = s.endpoint_id AND l.claim_token = s.token AND s.keep <= 0
+), slots_held AS (
     INSERT INTO endpoint_leases AS l (endpoint_id, claim_token, owner, leased, until)
-    SELECT endpoint_id, -token, 'held after a timeout', count(*), now() + make_interval(secs => max(hold))
-      FROM updated WHERE hold > 0
-     GROUP BY endpoint_id, token
+    SELECT endpoint_id, -token, 'held after a timeout', held, now() + make_interval(secs => hold)
+      FROM slots WHERE held > 0 AND hold > 0
     ON CONFLICT (endpoint_id, claim_token) DO UPDATE
-       SET leased = l.leased + excluded.leased, until = greatest(l.until, excluded.until)
+       SET leased = greatest(l.leased, excluded.leased), until = greatest(l.until, excluded.until)
 ), history AS (
     INSERT INTO webhook_delivery_attempts
            (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, status_code, error,
@@ -233,7 +270,7 @@ WITH results AS (
            r.result, r.status_code, r.error, r.excerpt, r.token
       FROM results r JOIN updated u ON u.id = r.id
 )
-SELECT u.id FROM updated u CROSS JOIN given_back;
+SELECT id FROM updated;
 
 -- name: engine_breaker_ensure
 INSERT INTO endpoint_state (endpoint_id)
@@ -289,19 +326,13 @@ UPDATE endpoint_state s
 RETURNING s.endpoint_id;
 
 -- name: engine_release
--- Hand unsent claimed rows back at once (graceful shutdown), fenced, with
--- their lane slots (dispatcher_lanes_give_back, as engine_record).
-WITH released AS (
-    UPDATE webhook_deliveries w
-       SET locked_by = NULL, locked_until = NULL, claim_token = NULL
-      FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
-     WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
-    RETURNING w.id, w.endpoint_id, r.token
-), given_back AS MATERIALIZED (
-    -- As in engine_record: one row, and the final join makes it run.
-    SELECT dispatcher_lanes_give_back(array_agg(endpoint_id), array_agg(token)) FROM released
-)
-SELECT r.id FROM released r CROSS JOIN given_back;
+-- Hand unsent claimed rows back at once (graceful shutdown, a breaker that
+-- opened), fenced.  Their lane's slots go back with the next engine_record.
+UPDATE webhook_deliveries w
+   SET locked_by = NULL, locked_until = NULL, claim_token = NULL
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+ WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
+RETURNING w.id;
 
 -- name: engine_release_owner
 -- The supervisor hands back every row a dead worker had claimed, their lane

@@ -439,22 +439,4 @@ AS $function$
     SELECT locked_until IS NULL OR locked_until <= now()
 $function$;
 
-CREATE OR REPLACE FUNCTION public.dispatcher_lanes_give_back(endpoint_ids bigint[], claim_tokens bigint[])
- RETURNS void
- LANGUAGE plpgsql
-AS $function$
-BEGIN
-    WITH lanes AS (
-        SELECT r.endpoint_id, r.token, count(*) AS done
-          FROM unnest(endpoint_ids, claim_tokens) AS r(endpoint_id, token)
-         GROUP BY r.endpoint_id, r.token
-    ), emptied AS (
-        DELETE FROM endpoint_leases l USING lanes x
-         WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
-    )
-    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done;
-END
-$function$;
-
 CREATE TRIGGER webhook_endpoints_limit BEFORE INSERT OR UPDATE OF active, workspace_id ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION webhook_endpoints_limit();

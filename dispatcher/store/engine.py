@@ -261,6 +261,7 @@ class Transaction:
 class ClaimedRow:
     id: int
     claim_token: int
+    grants_slot: bool            # the claim took one of the endpoint's lane slots with this row
     endpoint_id: int
     event_id: str
     attempt: int                 # the number of the attempt about to be made (1-based)
@@ -295,7 +296,28 @@ class AttemptRecord:
     started_mono: float          # time.monotonic() when the attempt started
     duration_ms: int
     excerpt: str | None
-    hold: float = 0.0            # seconds its lane slot stays taken after the write (limits.slot_hold)
+    hold: float = 0.0            # seconds its lane slot stays taken after the attempt (limits.slot_hold)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotEntry:
+    """What one of this process's lane-ledger entries holds now (docs/claim.md, "Holding a lane").
+
+    ``keep`` slots stay held under the claim token ``token``; the rest go back,
+    ``held`` of them only after ``hold`` more seconds (a timed-out attempt's slot).
+    """
+
+    endpoint_id: int
+    token: int
+    keep: int
+    held: int = 0
+    hold: float = 0.0
+
+
+def slots_of(rows: Sequence[ClaimedRow]) -> list[SlotEntry]:
+    """Every slot the claim of ``rows`` took, given back at once (a claim-per-batch loop's lanes)."""
+    return [SlotEntry(endpoint_id, token, 0) for endpoint_id, token in
+            sorted({(row.endpoint_id, row.claim_token) for row in rows if row.grants_slot})]
 
 
 class EngineStore:
@@ -303,9 +325,18 @@ class EngineStore:
         self._conn = conn
 
     def claim(self, owner: str, limit: int, per_endpoint: int, busy: Sequence[int], after: int,
-              lease: float, secret_grace: float = ROTATION_GRACE) -> list[ClaimedRow]:
-        params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": list(busy),
-                  "after": after, "lease": lease, "grace": secret_grace}
+              lease: float, secret_grace: float = ROTATION_GRACE,
+              refill: Sequence[tuple[int, int]] = (), share: int | None = None) -> list[ClaimedRow]:
+        """Claim due rows: up to ``limit`` by the endpoint walk (skipping ``busy``), each taking
+        a lane slot, at most ``share`` (default ``per_endpoint``) of one endpoint; plus up to
+        ``want`` more rows of each ``(endpoint_id, want)`` in ``refill``, lanes this owner holds
+        slots for already (those take none, and renew the slots' lease)."""
+        # A refilled lane is never walked too: its rows would be claimed twice in one statement.
+        busy = sorted(set(busy).union(endpoint_id for endpoint_id, _ in refill))
+        params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": busy,
+                  "share": per_endpoint if share is None else share,
+                  "after": after, "lease": lease, "grace": secret_grace,
+                  "refill": json.dumps([{"endpoint_id": e, "want": w} for e, w in refill], separators=(",", ":"))}
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
             rows = named_rows(cur)
@@ -319,15 +350,20 @@ class EngineStore:
                 row["payload"] = payloads.get((row["workspace_id"], row["event_id"]))
         return [ClaimedRow(**row) for row in rows]
 
-    def record(self, records: Sequence[AttemptRecord]) -> set[int]:
-        """Write a batch of results; returns the ids the fence let through."""
+    def record(self, records: Sequence[AttemptRecord], slots: Sequence[SlotEntry] = ()) -> set[int]:
+        """Write a batch of results and what this process's lane entries hold now (``slots``);
+        returns the ids the fence let through."""
         now = time.monotonic()
         rows = [{"id": r.id, "token": r.claim_token, "status": r.status, "attempt": r.attempt, "delay": r.delay,
                  "error": storable(r.error), "status_code": r.status_code, "result": r.result,
                  "started_ago": now - r.started_mono, "duration_ms": r.duration_ms,
-                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id, "hold": r.hold} for r in records]
+                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id} for r in records]
+        entries = [{"endpoint_id": e.endpoint_id, "token": e.token, "keep": e.keep, "held": e.held, "hold": e.hold}
+                   for e in slots]
         with self._conn.statement() as cur:
-            cur.execute(self._conn.prepared(cur, "engine_record"), {"results": json.dumps(rows, separators=(",", ":"))})
+            cur.execute(self._conn.prepared(cur, "engine_record"),
+                        {"results": json.dumps(rows, separators=(",", ":")),
+                         "slots": json.dumps(entries, separators=(",", ":"))})
             return {row[0] for row in cur.fetchall()}
 
     def update_breakers(self, endpoint_ids: Sequence[int], batch: BreakerBatch) -> list[BreakerWrite]:

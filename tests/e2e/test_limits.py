@@ -12,6 +12,7 @@ import pytest
 
 from dispatcher_devtools.kit import SECRET, Dispatcher, produce, query, seed_workspace, status_counts, wait_until
 from dispatcher_devtools.receiver import ReceiverProcess
+from tests.support import run_green
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -83,3 +84,26 @@ def test_a_timed_out_attempt_keeps_its_slot_for_one_more_deadline(db, write_conf
     assert results == [("timeout",)]
     # Rows behind the held slots waited without consuming attempts.
     assert query(db.dsn, "SELECT max(attempt) FROM webhook_deliveries WHERE endpoint_id = %s", (slow,)) == [(1,)]
+
+
+def test_a_hot_lane_keeps_its_slots_and_hands_them_on(db, write_config) -> None:
+    # One endpoint, 300 rows.  Worker a holds the lane's 4 slots from claim to claim (its refills take no
+    # new slot), so a second worker gets none while a sends; when a stops, its slots go back at once and
+    # b sends the rest.  The endpoint never sees more than 4 at once, and every row arrives once.
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=5)])
+        config = write_config(db, workers={"per_endpoint_concurrency": 4, "poll_interval": "50ms",
+                                           "lane_hold": True, "lane_turn": "10m", "lease": "60s"})
+        produce(config, db.dsn, "ws", 300)
+        out = run_green("tests.support.faults:run_hot_lane_workers", {
+            "config": str(config), "dsn": db.dsn, "total": 300, "hand_on_after": 100}, timeout=120)
+        seen = receiver.endpoint("hot")
+    assert out["first_part"] and out["all_done"], out
+    a, b = out["counts"]["green:a"], out["counts"]["green:b"]
+    assert out["held_by_a"] == [["green:a", 4]], "a held the lane's 4 slots"
+    assert a["slots"] == 4, f"a kept its slots from claim to claim: {a}"
+    assert a["rows"] >= 100 and b["rows"] > 0 and b["slots"] <= 4, (a, b)
+    assert out["ledger_after"] == [], "both handed their slots back when they stopped"
+    assert seen["max_concurrency"] <= 4, seen
+    assert seen["unique"] == 300 and seen["requests"] == 300, seen
+    assert status_counts(db.dsn) == {"delivered": 300}

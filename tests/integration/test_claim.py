@@ -7,7 +7,7 @@ import time
 import pytest
 
 from dispatcher.store import QUERIES
-from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher_devtools.kit import query, seed_workspace
 
 
@@ -84,13 +84,15 @@ def test_stale_owner_is_fenced_out(db) -> None:
     assert query(db.dsn, "SELECT claim_token FROM webhook_delivery_attempts") == [(fresh.claim_token,)]
 
 
-def test_release_hands_rows_back_at_once(db) -> None:
+def test_release_hands_rows_back_at_once_and_their_slots_when_named(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     _pending(db, endpoint, 4)
     store = _store(db)
     rows = store.claim("w1", 2, 4, [], 0, 300.0)
     assert store.release([(r.id, r.claim_token) for r in rows]) == 2
     assert store.release_owner("nobody") == 0
+    assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("w1", 2)], "a slot goes back when named"
+    assert store.record([], [SlotEntry(endpoint, rows[0].claim_token, 0)]) == set()
     again = store.claim("w2", 10, 4, [], 0, 300.0)
     assert {r.id for r in rows} <= {r.id for r in again}
     assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("w2", 4)], "w1's slots went back"
@@ -99,22 +101,57 @@ def test_release_hands_rows_back_at_once(db) -> None:
     assert query(db.dsn, "SELECT count(*) FROM endpoint_leases") == [(0,)]
 
 
-def test_results_give_lane_slots_back_once(db) -> None:
+def test_results_keep_the_slots_until_the_lane_names_what_it_keeps(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     _pending(db, endpoint, 10)
     store = _store(db)
     first = store.claim("w1", 10, 4, [], 0, 30.0)
-    assert len(first) == 4
+    assert len(first) == 4 and all(r.grants_slot for r in first)
     assert store.claim("w2", 10, 4, [], 0, 30.0) == [], "the lane is full region-wide while rows are due"
     retry = AttemptRecord(first[0].id, first[0].claim_token, endpoint, "pending", 1, 0.0, "HTTP 500", 500,
                           "http_5xx", time.monotonic(), 5, None)
     assert store.record([retry, _record(first[1])]) == {first[0].id, first[1].id}
-    # The same batch again (say, its commit was acknowledged too late): fenced, and no slot goes back twice.
-    assert store.record([retry, _record(first[1])]) == set()
+    assert query(db.dsn, "SELECT leased FROM endpoint_leases") == [(4,)], "a result alone gives no slot back"
+    keep_two = [SlotEntry(endpoint, first[0].claim_token, 2)]
+    assert store.record([retry, _record(first[1])], keep_two) == set(), "fenced: written once"
+    # The same batch again (say, its commit was acknowledged too late): what the lane keeps is a count, not a
+    # difference, so no slot goes back twice.
+    assert store.record([], keep_two) == set()
     assert query(db.dsn, "SELECT leased FROM endpoint_leases") == [(2,)]
     assert len(store.claim("w2", 10, 4, [], 0, 30.0)) == 2
-    assert store.record([_record(r) for r in first[2:]]) == {r.id for r in first[2:]}
+    assert store.record([_record(r) for r in first[2:]], [SlotEntry(endpoint, first[0].claim_token, 0)]) == \
+        {r.id for r in first[2:]}
     assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("w2", 2)], "an emptied entry is deleted"
+
+
+def test_a_lane_holder_refills_without_new_slots_and_renews_their_lease(db) -> None:
+    (endpoint, other) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
+    _pending(db, endpoint, 20)
+    _pending(db, other, 2, "ev2")
+    store = _store(db)
+    first = store.claim("w1", 10, 4, [], 0, 30.0)
+    assert sorted(r.endpoint_id for r in first) == [endpoint] * 4 + [other] * 2
+    query(db.dsn, "UPDATE endpoint_leases SET until = now() + interval '1 second'")
+    more = store.claim("w1", 10, 4, [endpoint, other], 0, 30.0, refill=[(endpoint, 6)])
+    assert [r.endpoint_id for r in more] == [endpoint] * 6 and not any(r.grants_slot for r in more)
+    assert not {r.id for r in more} & {r.id for r in first}
+    assert query(db.dsn, "SELECT endpoint_id, leased, until > now() + interval '20 seconds' FROM endpoint_leases "
+                         "ORDER BY endpoint_id") == [(endpoint, 4, True), (other, 2, False)]
+    assert store.claim("w2", 10, 4, [], 0, 30.0) == [], "the slots are w1's: nobody else sends"
+    assert len(store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 50)])) == 10, "the rest"
+    assert store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 50)]) == [], "dry"
+
+
+@pytest.mark.parametrize("block", ["UPDATE endpoint_state SET state = 'open', open_until = now() + interval '1 h'",
+                                   "UPDATE webhook_endpoints SET max_per_second = 100"])
+def test_a_refill_takes_nothing_behind_an_open_breaker_or_a_rate_limit(db, block: str) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 10)
+    store = _store(db)
+    assert len(store.claim("w1", 10, 4, [], 0, 30.0)) == 4
+    query(db.dsn, "INSERT INTO endpoint_state (endpoint_id) VALUES (%s) ON CONFLICT DO NOTHING", (endpoint,))
+    query(db.dsn, block)
+    assert store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 6)]) == []
 
 
 def test_upkeep_deletes_lapsed_lane_entries(db) -> None:
@@ -170,8 +207,8 @@ def test_a_fanned_out_event_crosses_the_wire_once_per_claim(db) -> None:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
-            cur.execute(QUERIES["engine_claim"], {"owner": "w", "limit": 200, "per_endpoint": 4, "busy": [],
-                                                  "after": 0, "lease": 30.0, "grace": 86400.0})
+            cur.execute(QUERIES["engine_claim"], {"owner": "w", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [],
+                                                  "after": 0, "lease": 30.0, "grace": 86400.0, "refill": "[]"})
             names = [c.name for c in cur.description]
             raw = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         conn.rollback()
@@ -216,3 +253,12 @@ def test_the_claim_is_planned_each_time_and_the_result_write_keeps_its_plan(db) 
     assert plans["engine_record"][0] >= 5, plans
     assert mode == "auto", "the last statement's mode stays until the next one needs the other"
     conn.close()
+
+
+def test_one_claim_takes_at_most_its_share_of_an_endpoint(db) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 10)
+    store = _store(db)
+    assert len(store.claim("w1", 10, 4, [], 0, 30.0, share=2)) == 2
+    assert len(store.claim("w2", 10, 4, [], 0, 30.0, share=2)) == 2, "the other process takes the rest"
+    assert store.claim("w3", 10, 4, [], 0, 30.0, share=2) == [], "and the region-wide 4 still holds"

@@ -1,6 +1,6 @@
-"""The lease rules have one definition each (migration 0014): whether a delivery
-is free of its lease (``dispatcher_unleased``) and how finished or released
-rows give their lane slots back (``dispatcher_lanes_give_back``).
+"""The lease rule has one definition (migration 0014): whether a delivery is
+free of its lease (``dispatcher_unleased``).  A lane's slots go back in one
+place too: engine_record's slot list (tests/test_claim.py).
 
 The queries call the functions instead of spelling the rules; this module
 fails when a query spells the lease test by hand, when the boundary moves,
@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from dispatcher.store import QUERIES
 from tests.conftest import TestDatabase as Database
@@ -34,7 +32,8 @@ DEFINITION = re.compile(r"CREATE (?:OR REPLACE )?FUNCTION public\.dispatcher_unl
 
 # Values for every parameter of the queries that call dispatcher_unleased, for EXPLAIN.
 PARAMS: dict[str, Any] = {
-    "owner": "w", "limit": 100, "per_endpoint": 4, "busy": [], "after": 0, "lease": 30.0, "grace": 0.0,
+    "owner": "w", "limit": 100, "per_endpoint": 4, "share": 4, "busy": [], "after": 0, "lease": 30.0, "grace": 0.0,
+    "refill": '[{"endpoint_id": 1, "want": 4}]', "slots": "[]",
     "row_age": 60.0, "threshold": 100, "min_ceiling": 0.0, "ids": [1], "id": 1, "reason": "r",
 }
 
@@ -105,22 +104,3 @@ def test_the_claim_finds_its_rows_through_the_due_index(db: Database) -> None:
         conn.close()
     assert "Seq Scan on webhook_deliveries" not in plan, plan
     assert "Index Scan using webhook_deliveries_due on webhook_deliveries" in plan, plan
-
-
-@pytest.mark.parametrize(("leased", "given", "left"), [(4, 1, [(3,)]), (4, 4, []), (2, 3, [])])
-def test_lanes_give_back(db: Database, leased: int, given: int, left: list[tuple[int]]) -> None:
-    db.query("INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until) VALUES "
-             "(1, 7, 'o', %s, now() + interval '1 minute'), (2, 7, 'o', 4, now() + interval '1 minute'), "
-             "(1, 8, 'o', 4, now() + interval '1 minute')", (leased,))
-    db.query("SELECT dispatcher_lanes_give_back(%s, %s)", ([1] * given, [7] * given))
-    assert db.query("SELECT leased FROM endpoint_leases WHERE (endpoint_id, claim_token) = (1, 7)") == left
-    assert db.query("SELECT endpoint_id, claim_token, leased FROM endpoint_leases "
-                    "WHERE (endpoint_id, claim_token) <> (1, 7) ORDER BY 1, 2") == [(1, 8, 4), (2, 7, 4)]
-
-
-def test_lanes_give_back_of_nothing(db: Database) -> None:
-    db.query("INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until) "
-             "VALUES (1, 7, 'o', 4, now() + interval '1 minute')")
-    db.query("SELECT dispatcher_lanes_give_back(NULL, NULL)")
-    db.query("SELECT dispatcher_lanes_give_back('{}', '{}')")
-    assert db.query("SELECT leased FROM endpoint_leases") == [(4,)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from dispatcher.rules.limits import EndpointLimits, slot_hold
-from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher_devtools.kit import query, seed_workspace
 
 
@@ -168,14 +168,17 @@ def test_the_result_write_holds_a_timed_out_slot_until_its_hold_lapses(db) -> No
         return AttemptRecord(row.id, row.claim_token, row.endpoint_id, "pending", row.attempt, 0.0, label, None,
                              label, time.monotonic(), 1, None, hold)
 
-    # Two time out, one is refused, one is still in flight.
+    # Two time out, one is refused, one is still in flight; the lane gives back the two timed-out slots
+    # with their hold and keeps the other two.
     first, second, third, fourth = claimed
-    engine.record([result(first, "timeout", slot_hold("timeout", 60.0)),
-                   result(second, "timeout", slot_hold("timeout", 60.0)),
-                   result(third, "connection", slot_hold("connection", 60.0))])
+    hold = slot_hold("timeout", 60.0)
+    engine.record([result(first, "timeout", hold), result(second, "timeout", hold),
+                   result(third, "connection", slot_hold("connection", 60.0))],
+                  [SlotEntry(endpoint, first.claim_token, 2, 2, hold)])
     room = "SELECT dispatcher_lane_free(%s, 4, NULL)"
-    assert query(db.dsn, room, (endpoint,)) == [(1,)]  # 1 in flight, 2 held
-    engine.record([result(fourth, "delivered", slot_hold("delivered", 60.0))])
+    assert query(db.dsn, room, (endpoint,)) == [(0,)]  # 2 kept, 2 held
+    engine.record([result(fourth, "delivered", slot_hold("delivered", 60.0))],
+                  [SlotEntry(endpoint, first.claim_token, 0)])
     assert query(db.dsn, room, (endpoint,)) == [(2,)]  # 2 held
     query(db.dsn, "UPDATE endpoint_leases SET until = now() - interval '1 s' WHERE claim_token < 0")
     assert query(db.dsn, room, (endpoint,)) == [(4,)]  # the hold lapsed

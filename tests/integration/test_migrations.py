@@ -213,7 +213,6 @@ FUNCTIONS = {
         "TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text)", "v"),
     # 0014: the lease test (STABLE, so the planner inlines it) and the lane give-back.
     "dispatcher_unleased(timestamp with time zone)": ("boolean", "s"),
-    "dispatcher_lanes_give_back(bigint[],bigint[])": ("void", "v"),
 }
 
 

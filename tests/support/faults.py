@@ -276,3 +276,79 @@ def settle(dispatcher: Any, dsn: str, predicate: Any, message: str, timeout: flo
                              "WHERE status = 'pending' ORDER BY id LIMIT 10")
         raise AssertionError(f"{exc}\nstatus counts: {status_counts(dsn)}\npending (first 10): {pending}\n"
                              f"log tail:\n{dispatcher.log()[-4000:]}") from None
+
+
+# --------------------------------------------------------------------------- a hot lane held, then handed on
+
+
+def run_hot_lane_workers(config: str, dsn: str, total: int, hand_on_after: int, timeout: float = 60.0
+                         ) -> dict[str, Any]:
+    """``green.py`` target: two real :class:`dispatcher.engine.worker.Worker` s (owners ``green:a`` and
+    ``green:b``, two processes as far as the region's ledger knows) on one hot endpoint.
+
+    ``a`` runs alone until ``hand_on_after`` rows are delivered, then ``b`` starts and ``a`` stops:
+    ``a`` must have kept its lane's slots from claim to claim, and hands them on when it stops.
+    Returns, per worker, the rows it claimed and how many of them took a slot, and the ledger left.
+    """
+    import gevent
+
+    from dispatcher.config import load_config
+    from dispatcher.engine.worker import Worker
+
+    cfg = load_config(config, env={})
+    counts: dict[str, dict[str, int]] = {}
+
+    def counted(owner: str) -> Worker:
+        worker = Worker(cfg, dsn, owner)
+        tally = counts[owner] = {"rows": 0, "slots": 0}
+        claim = worker._claims.claim
+
+        def claim_and_count(*args: Any, **kwargs: Any) -> Any:
+            rows = claim(*args, **kwargs)
+            tally["rows"] += len(rows)
+            tally["slots"] += sum(1 for row in rows if row.grants_slot)
+            return rows
+
+        worker._claims.claim = claim_and_count  # type: ignore[method-assign]
+        return worker
+
+    def delivered() -> int:
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    def wait_for(count: int) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if delivered() >= count:
+                return True
+            gevent.sleep(0.05)
+        return False
+
+    first, second = counted("green:a"), counted("green:b")
+    running = gevent.spawn(first.run)
+    first_part = wait_for(hand_on_after)
+    held_by_a = _ledger(dsn)
+    later = gevent.spawn(second.run)
+    first.stop()
+    running.join(timeout=30)
+    all_done = wait_for(total)
+    second.stop()
+    later.join(timeout=30)
+    return {"first_part": first_part, "all_done": all_done, "counts": counts, "held_by_a": held_by_a,
+            "ledger_after": _ledger(dsn)}
+
+
+def _ledger(dsn: str) -> list[list[Any]]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT owner, sum(leased)::int FROM endpoint_leases WHERE until > now() "
+                        "GROUP BY owner ORDER BY owner")
+            return [list(row) for row in cur.fetchall()]
+    finally:
+        conn.close()

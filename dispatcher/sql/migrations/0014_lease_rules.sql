@@ -1,5 +1,5 @@
--- 0014: the lease rules each get one definition (issue 20, "One home per rule").
--- Both are new functions; no table changes, so a dispatcher older than 0014
+-- 0014: the lease rule gets one definition (issue 20, "One home per rule").
+-- A new function; no table changes, so a dispatcher older than 0014
 -- keeps working during an upgrade.
 
 -- Is a delivery free of a lease?  Every query that passes over leased rows
@@ -24,30 +24,4 @@
 CREATE FUNCTION dispatcher_unleased(locked_until timestamptz) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT locked_until IS NULL OR locked_until <= now()
-$$;
-
--- The lane slots of finished or released rows go back to the ledger
--- (endpoint_leases, 0013): one entry (endpoint, claim) per row given back,
--- in two parallel arrays.  An entry whose count reaches zero is deleted.
--- Called by engine_record (results written) and engine_release (rows handed
--- back unsent) with exactly the rows each statement wrote, so the same rows
--- never give a slot back twice.  One statement, so the DELETE and the UPDATE
--- see one snapshot and each entry takes exactly one of them.  PL/pgSQL keeps
--- the statement's plan for the session, as engine_record (a prepared
--- statement, store/engine.py KEPT_PLANS) kept it when the statement was
--- written inline; a LANGUAGE sql function would be planned on every flush.
-CREATE FUNCTION dispatcher_lanes_give_back(endpoint_ids bigint[], claim_tokens bigint[]) RETURNS void
-    LANGUAGE plpgsql VOLATILE AS $$
-BEGIN
-    WITH lanes AS (
-        SELECT r.endpoint_id, r.token, count(*) AS done
-          FROM unnest(endpoint_ids, claim_tokens) AS r(endpoint_id, token)
-         GROUP BY r.endpoint_id, r.token
-    ), emptied AS (
-        DELETE FROM endpoint_leases l USING lanes x
-         WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased <= x.done
-    )
-    UPDATE endpoint_leases l SET leased = l.leased - x.done FROM lanes x
-     WHERE l.endpoint_id = x.endpoint_id AND l.claim_token = x.token AND l.leased > x.done;
-END
 $$;
