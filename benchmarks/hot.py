@@ -45,6 +45,9 @@ from benchmarks.throughput import drain
 from dispatcher_devtools.kit import SECRET, seed_workspaces, wait_until
 
 SLOTS = 4                     # workers.per_endpoint_concurrency, set explicitly; the ceiling's clients
+# The design under measurement: lanes keep their slots while they have rows (docs/claim.md,
+# "Holding a lane"; off by default until the spread drains are settled, docs/benchmarks.md).
+LANES = {"lane_hold": True}
 LATENCY_MS = 10
 PAYLOAD_BYTES = 1024
 TARGETS = {"one_endpoint_10ms": 0.9, "one_endpoint_fast": 0.5, "spread": 0.9, "hot_time_ratio": 1.1}
@@ -107,7 +110,7 @@ def engine_drain(setup: EngineSetup, *, endpoints: dict[str, list[str]], backlog
     ids = seed_workspaces(conn, endpoints)
     conn.close()
     group_ids = {name: [i for ws in names for i in ids[ws]] for name, names in groups.items()}
-    config = setup.config(workers={"processes": processes, "per_endpoint_concurrency": SLOTS},
+    config = setup.config(workers={"processes": processes, "per_endpoint_concurrency": SLOTS, **LANES},
                           http={"client": client} if client else {})
     with DispatcherRun(setup.tmp, config) as dispatcher:
         dispatcher.wait_ready(processes)
@@ -198,7 +201,8 @@ def spread(*, events: int, processes: int, client: str | None, receiver: str) ->
     runs = {}
     for endpoints, workspaces in (("endpoints_100", 10), ("endpoints_1000", 100)):
         found = drain(events=events, workspaces=workspaces, processes=processes, client=client,
-                      receiver_kind=receiver, label=f"hot_spread{workspaces * 10}", timeout=900.0)
+                      receiver_kind=receiver, label=f"hot_spread{workspaces * 10}", timeout=900.0,
+                      extra_workers=LANES)
         runs[endpoints] = {key: found[key] for key in ("deliveries", "endpoints", "seconds", "deliveries_per_s",
                                                         "first_attempt_after_commit_s", "lost", "statuses",
                                                         "cpu_ms_per_delivery", "load_average_before")}
