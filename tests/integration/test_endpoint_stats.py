@@ -113,8 +113,8 @@ class _MustNotSend:
 
 def _unsent(mode: str, url: str | None, active: bool | None) -> tuple[str, int | None, BreakerSignal]:
     """What DeliveryMaker records for a row it settles without sending."""
-    row = ClaimedRow(id=1, claim_token=1, grants_slot=True, endpoint_id=1, event_id="evt", attempt=1, mode=mode, age=1.0,
-                     db_now=1.8e9, is_probe=False, event_type="job.completed", sequence=1, occurred_at="",
+    row = ClaimedRow(id=1, claim_token=1, grants_slot=True, endpoint_id=1, event_id="evt", attempt=1, mode=mode,
+                     age=1.0, db_now=1.8e9, is_probe=False, event_type="job.completed", sequence=1, occurred_at="",
                      payload="{}", url=url, active=active, secret=None, previous_secret=None, workspace_id="acme")
     attempt = DeliveryMaker(_MustNotSend(), RetryPolicies(RetryPolicy())).attempt(row, 0.0)  # type: ignore[arg-type]
     return attempt.record.result, attempt.record.status_code, attempt.breaker
