@@ -1,4 +1,4 @@
-"""The Falcon WSGI application of the delivery-history API (issue 4).
+"""The Falcon WSGI application of the delivery-history API (docs/api.md).
 
 ``create_app`` builds a plain WSGI app with no server and no gevent in it:
 ``serve_main`` runs it on gevent's WSGIServer in production, and tests run
