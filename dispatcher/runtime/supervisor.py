@@ -95,7 +95,7 @@ class Supervisor:
         self._spawned = 0
         self._crashes = 0
         self._next_spawn_at = 0.0
-        # Each wait for the database is bounded (store/deadline.py, installed by
+        # Each wait for the database is bounded (runtime/deadline.py, installed by
         # run_supervisor): a release that never gets an answer must not stop the loop.
         self._connection = ManagedConnection(dsn, "dispatcher supervisor", config.database.connect_timeout,
                                              config.database.prepared_statements, bound=blocking_bound,
