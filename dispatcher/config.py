@@ -316,8 +316,9 @@ class ApiConfig:
     recover_max_age: float = setting(30 * 86400.0, parse_duration, "how far back endpoint recover may reach (since)")
     region_replays_per_hour: int = setting(2000, _positive_int,
                                            "replay units per hour for all workspaces of the region together")
-    # Hostile clients (issue 13): a connection costs a greenlet and a descriptor, never a database slot,
-    # and each of these bounds how long a client that sends nothing useful keeps even those.
+    # Hostile clients (docs/security.md, "The API under hostile clients"): a connection costs a greenlet
+    # and a descriptor, never a database slot, and each of these bounds how long a client that sends
+    # nothing useful keeps even those.
     idle_timeout: float = setting(10.0, parse_duration, "a new connection's wait for its first request byte")
     read_timeout: float = setting(10.0, parse_duration,
                                   "a request head's deadline from its first byte; each body read's wait too")
@@ -333,8 +334,8 @@ class ApiConfig:
 class ProducerConfig:
     shadow_writes: bool = setting(False, _boolean, "flag off: also write mode='shadow' rows (rollout phase 0)")
     legacy_timeout: float = setting(5.0, parse_duration, "timeout of the synchronous path used when the flag is off")
-    # Every claimed delivery holds its event's payload in a worker's memory (issue 13: one 50 MB
-    # event to 10 endpoints took a worker to ~1 GB); 256 KiB is docs/decisions.md, Limits.
+    # Every claimed delivery holds its event's payload in a worker's memory (one 50 MB event to
+    # 10 endpoints takes a worker to ~1 GB); 256 KiB is docs/decisions.md, Limits.
     max_payload_bytes: int = setting(256 * 1024, _positive_int,
                                      "largest event payload send() accepts: its compact JSON, in UTF-8 bytes")
 

@@ -1,4 +1,4 @@
-"""Owner contacts (issue 12 item 4): the one check of an email address.
+"""Owner contacts (docs/decisions.md, Q3): the one check of an email address.
 
 No email library is a dependency, and a notification address needs less than
 RFC 5322 allows, so this is a small strict check of our own: ASCII only, a

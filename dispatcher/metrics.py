@@ -32,8 +32,7 @@ log = logging.getLogger("dispatcher.metrics")
 MAX_DATAGRAM = 1432
 
 # Names whose plain (``none``) form differs from the RFC form beyond the
-# folded labels: kept as they were before tag mode existed, so Graphite
-# dashboards keep working.
+# folded labels: the names existing Graphite dashboards chart.
 _PLAIN_NAMES = {"webhook_breakers_open": "webhook_breaker_open_total"}
 _LATENCY = "webhook_delivery_latency_seconds"
 

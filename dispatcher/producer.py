@@ -1,4 +1,4 @@
-"""The producer API: ``WebhookSender.send``, called where the synchronous send is called today.
+"""The producer API: ``WebhookSender.send``, one call per event, in the caller's transaction.
 
 Which path an event takes is decided inside the one statement ``send`` runs
 (the rollout rule, ``dispatcher/rules/rollout.py``: the workspace's explicit
@@ -9,7 +9,7 @@ active subscribed endpoint in the caller's transaction -- one round trip, no
 commit; the caller's commit makes them visible to the dispatcher, a rollback
 leaves nothing.
 
-Outbox off: exactly today's behaviour.  ``send`` itself makes one signed POST
+Outbox off (docs/decisions.md, Flag off): ``send`` itself makes one signed POST
 per subscribed endpoint, inline, before it returns, with a total deadline of
 ``producer.legacy_timeout`` (5 s) per POST, through the engine's transport and
 outbound policy (``dispatcher/outbound/legacy.py``).  The result is logged and
@@ -19,11 +19,11 @@ dispatcher marks delivered without sending.
 
 A POST made inside a transaction that later rolls back is not recalled: the
 receiver has the event although the caller's change (and any shadow row) is
-gone.  That is today's behaviour, kept on purpose (docs/producer.md).
+gone.  That is deliberate (docs/producer.md).
 
-``transaction()`` remains a convenience (commit on success, roll back on
+``transaction()`` is a convenience (commit on success, roll back on
 error) and sends nothing itself, so nothing is sent twice; ``after_commit()``
-is kept as a no-op for callers written against the earlier contract.
+does nothing: ``send`` has already POSTed.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class WebhookSender:
         conn.commit()
 
     def after_commit(self, stored: StoredEvent) -> None:
-        """A no-op, kept for callers of the earlier contract: ``send`` has already POSTed."""
+        """Does nothing: ``send`` has already POSTed."""
 
     def close(self) -> None:
         if self._transport is not None:

@@ -6,7 +6,7 @@ verify with the stock ``standardwebhooks``/``svix`` libraries.
 
 Secrets: a secret written ``whsec_<base64>`` is used exactly as Standard
 Webhooks defines it (the key is the base64-decoded part).  A plain secret (any
-other string, as today's workspaces have) is used as its UTF-8 bytes; the
+other string) is used as its UTF-8 bytes; the
 equivalent Standard Webhooks secret a customer configures is
 ``"whsec_" + base64(secret.encode())`` -- see :func:`as_standard_secret`.
 """
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 SECRET_PREFIX = "whsec_"
 # Every secret a customer or operator sets carries at least this many key
-# bytes (issue 12): whsec_ with 24 bytes of base64 is the weakest accepted.
+# bytes (docs/decisions.md, Secrets): whsec_ with 24 bytes of base64 is the weakest accepted.
 MIN_SECRET_BYTES = 24
 # Secrets this module makes carry 32 random bytes (Svix's size).
 NEW_SECRET_BYTES = 32

@@ -3,7 +3,7 @@
 ``python -m dispatcher_devtools.schema DSN > dispatcher/sql/schema.sql``
 writes the schema of the database at DSN (migrated with ``dispatcher
 migrate``) from its catalogs, without pg_dump, so it works against the
-embedded pgserver too.  tests/test_schema_snapshot.py holds the file to the
+embedded pgserver too.  tests/integration/test_schema_snapshot.py holds the file to the
 numbered migrations.  The migrator's own bookkeeping (``schema_migrations``)
 is left out, and so are the rows migrations insert (data, not schema).
 
@@ -30,7 +30,7 @@ LEFT_OUT = ("schema_migrations",)  # the migrator's bookkeeping, not the product
 HEADER = """\
 -- The dispatcher's schema as the numbered migrations (sql/migrations/) leave
 -- it, in one file for readers.  Production migrates with the numbered files;
--- this is not applied anywhere but tests/test_schema_snapshot.py, which
+-- this is not applied anywhere but tests/integration/test_schema_snapshot.py, which
 -- checks that the two agree.  Generated from a migrated database:
 --     python -m dispatcher_devtools.schema DSN > dispatcher/sql/schema.sql
 -- Not here: schema_migrations (the migrator's table) and the rows migrations

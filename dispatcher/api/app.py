@@ -1,7 +1,7 @@
-"""The Falcon WSGI application of the delivery-history API (issue 4).
+"""The Falcon WSGI application of the delivery-history API (docs/api.md).
 
 ``create_app`` builds a plain WSGI app with no server and no gevent in it:
-``serve_main`` runs it on gevent's WSGIServer in production, and tests run
+``dispatcher.runtime.api_main`` runs it on gevent's WSGIServer in production, and tests run
 it in-process (falcon.testing, schemathesis, a wsgiref thread).
 """
 
@@ -98,7 +98,7 @@ def create_app(config: Config, dsn: str,
     """The WSGI app for ``config.api``, reading and writing the database at ``dsn``.
 
     ``bound``: how the server process limits a request's wait for the database
-    (``serve_main``: a gevent timeout; see ``api/pool.py``).
+    (``api_main``: a gevent timeout; see ``api/pool.py``).
     """
     api = config.api
 

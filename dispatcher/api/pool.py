@@ -1,7 +1,7 @@
 """A small database connection pool for the API process.
 
 One connection serves one request at a time.  The pool is built from
-``threading`` primitives on purpose: ``serve_main`` monkey-patches them, so
+``threading`` primitives on purpose: ``dispatcher.runtime.api_main`` monkey-patches them, so
 under gevent a request waiting for a connection yields to the hub instead of
 blocking the process, while the unpatched test process (wsgiref threads,
 schemathesis in-process) gets ordinary thread-safe behaviour from the same
@@ -12,7 +12,7 @@ down and serve 503 until it comes back.  A connection that fails with an
 operational error is discarded, and so is every idle one (a restart of the
 server kills them all; better one failed request than one per connection).
 
-``bound(seconds)``, when given (``serve_main`` passes ``dispatcher.runtime.deadline.database_bound``),
+``bound(seconds)``, when given (``api_main`` passes ``dispatcher.runtime.deadline.database_bound``),
 limits a request's whole use of its connection, opening it included, to
 ``deadline`` seconds (``database.statement_deadline``): the server's
 ``statement_timeout`` ends slow queries, but a frozen primary or a host gone

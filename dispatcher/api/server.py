@@ -22,7 +22,7 @@ Why not gunicorn's gevent worker: it has no deadline for a request head either
 a slowloris connection; it would add a second process model beside the
 supervisor's for no gain here.
 
-This module imports gevent: only ``serve_main`` imports it, after its patch.
+This module imports gevent: only ``dispatcher.runtime.api_main`` imports it, after its patch.
 """
 
 from __future__ import annotations

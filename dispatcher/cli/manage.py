@@ -1,4 +1,4 @@
-"""The endpoint and token verbs of the CLI beyond ``add``/``create`` (issue 12).
+"""The endpoint and token verbs of the CLI beyond ``add``/``create``.
 
 They run the API's own store functions (``store.endpoints``,
 ``store.tokens``) without a workspace filter -- the operator may act on any

@@ -1,5 +1,5 @@
 """Q3: the people who own an endpoint hear when its breaker opens and when it
-closes again (issue 12 item 4; docs/operations.md "Breaker notices").
+closes again (docs/decisions.md, Q3; docs/operations.md, "Breaker notices").
 
 * **Who.** The endpoint's ``owner_contact``, else its workspace's, else the
   operator address ``notifier.smtp_to`` (:func:`recipient`).

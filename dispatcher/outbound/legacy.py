@@ -18,7 +18,7 @@ error classes) -- and swaps only the deadline mechanism:
 geventhttpclient needs the gevent hub, so the legacy path always uses urllib3
 whatever ``http.client`` says.  Name resolution counts against the deadline
 (it starts before the lookup) but is not interrupted: it is bounded by the
-system resolver's own timeout, as it was on the synchronous path before.
+system resolver's own timeout.
 """
 
 from __future__ import annotations

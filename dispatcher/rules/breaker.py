@@ -3,7 +3,7 @@
 Pure values and decisions, like ``dispatcher.rules.retry``'s retry schedule: they
 take the clock as an argument and do no I/O.  Everything else that must agree
 with the rule is derived from it or tested against it on one table of cases
-(``tests/test_breaker_rule.py``):
+(``tests/integration/test_breaker_rule.py``):
 
 * the claim (``engine_claim`` in ``sql/engine.sql``) sends to ``closed``
   endpoints, lets exactly one probe through once an ``open`` window or a

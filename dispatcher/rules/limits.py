@@ -18,7 +18,7 @@ lock, so concurrent claimers never both see the same free slots.  The functions
 here are the rule itself, pure, with the elapsed time as an argument; the slots
 taken (``in_flight``) are the live leases plus the timed-out slots still in
 their hold, and a lapsed lease takes none.  The claim is one SQL statement, so
-no Python path evaluates :class:`EndpointLimits`: ``tests/test_limits_rule.py``
+no Python path evaluates :class:`EndpointLimits`: ``tests/integration/test_limits_rule.py``
 holds it, the SQL functions and the claim to one table of cases.
 """
 

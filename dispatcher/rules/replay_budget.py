@@ -4,7 +4,7 @@ workspace per sliding hour.
 A small immutable policy with pure decisions, like the retry and breaker
 policies: it is given the workspace's spending in the window and answers
 whether a request fits, and if not, when it would.  The store executes it
-(``store.api_data``: lock, read the window, spend, or raise ``ReplayLimited``) inside the transaction
+(``store.deliveries``: lock, read the window, spend, or raise ``ReplayLimited``) inside the transaction
 that queues the rows, so a spend commits or rolls back with what it paid for.
 """
 

@@ -16,7 +16,7 @@ Two clocks appear and they are deliberately different:
   so the engine should pass the database's ``now`` there too).
 
 ``python -m dispatcher.rules.retry`` prints the default retry schedule;
-``docs/retry-schedule.md`` embeds that output and ``tests/test_policy.py``
+``docs/retry-schedule.md`` embeds that output and ``tests/unit/test_policy.py``
 fails if the two differ.
 """
 
@@ -274,7 +274,7 @@ class Outcome:
 
 # dispatcher.outbound.transport.ErrorClass, split by what a failure means.  Spelled out
 # rather than read from the Literal so that no transport import is needed at
-# run time; tests/test_policy.py checks that the two agree.
+# run time; tests/unit/test_policy.py checks that the two agree.
 RETRYABLE_ERRORS: frozenset[str] = frozenset({"timeout", "connection", "tls", "dns", "protocol"})
 # Refused before anything was sent: the endpoint's configuration (URL, network
 # policy) is wrong, not its health, and retrying cannot change the answer.
@@ -351,7 +351,7 @@ def clip_error(text: str) -> str:
 
 
 # Why a row ends without a request: written by the engine (terminal) and by
-# the API/CLI when an endpoint is deactivated or deleted (store.api_data).
+# the API/CLI when an endpoint is deactivated or deleted (store.endpoints).
 ENDPOINT_DELETED = "endpoint deleted"
 ENDPOINT_DEACTIVATED = "endpoint deactivated"
 

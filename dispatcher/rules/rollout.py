@@ -4,7 +4,7 @@ The same rule runs in SQL (``webhook_outbox_on`` and ``rollout_bucket`` in
 migration 0004), and only there: in the producer's single statement
 (``dispatcher_send_event``), the replay guard and the ``rollout status`` count.
 No Python path shows or predicts a bucket, so nothing evaluates these
-functions at run time; ``tests/test_rollout.py`` holds them and the SQL to one
+functions at run time; ``tests/e2e/test_rollout.py`` holds them and the SQL to one
 table of cases.
 """
 

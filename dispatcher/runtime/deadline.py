@@ -69,7 +69,7 @@ def blocking_bound(seconds: float) -> Iterator[None]:
 
 def install_bounded_waits() -> None:
     """Every psycopg2 wait of this process goes through :func:`wait_with_deadline`, and
-    libpq's own ``connect_timeout`` no longer applies: connect inside a bound."""
+    libpq's own ``connect_timeout`` does not apply to them: connect inside a bound."""
     psycopg2.extensions.set_wait_callback(wait_with_deadline)
 
 

@@ -1,7 +1,7 @@
 """Process start-up, written once for every process the product runs.
 
 * :func:`patch_or_exit` -- gevent's monkey-patching and psycogreen, the first
-  call of each green entry point (``worker_main``, ``api.serve_main``);
+  call of each green entry point (``worker_main``, ``api_main``);
 * :func:`run_command` -- the ladder from an exception to a named exit code
   and a one-line message, shared by the CLI, the API server and the demo;
 * :func:`check_schema` -- the boot check that the database is reachable and

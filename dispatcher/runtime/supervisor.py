@@ -47,7 +47,7 @@ from dispatcher.store.engine import EngineStore, ManagedConnection
 log = logging.getLogger("dispatcher.supervisor")
 
 # Loud on purpose: an operator who set dry_run expecting "send nothing" must
-# learn that live rows are sent (docs/decisions.md, Dry run; issue 10).
+# learn that live rows are sent (docs/decisions.md, Dry run).
 DRY_RUN_WARNING = ("dry_run is on: mode='shadow' rows are marked delivered without a POST; "
                    "mode='live' rows are still sent normally (dry run never skips a live row)")
 
@@ -95,7 +95,7 @@ class Supervisor:
         self._spawned = 0
         self._crashes = 0
         self._next_spawn_at = 0.0
-        # Each wait for the database is bounded (store/deadline.py, installed by
+        # Each wait for the database is bounded (runtime/deadline.py, installed by
         # run_supervisor): a release that never gets an answer must not stop the loop.
         self._connection = ManagedConnection(dsn, "dispatcher supervisor", config.database.connect_timeout,
                                              config.database.prepared_statements, bound=blocking_bound,

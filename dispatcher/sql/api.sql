@@ -1,5 +1,6 @@
 -- Named queries of the HTTP API (dispatcher/api), executed only by
--- dispatcher/store/api_data.py. Every name starts with api_. Rows are read
+-- dispatcher/store/ (deliveries.py, endpoints.py, tokens.py, audit.py, and the
+-- session set-up in __init__.py). Every name starts with api_. Rows are read
 -- by column name, so every output column has a name (an alias where needed).
 -- Optional filters are written "(%(x)s::type IS NULL OR ...)": psycopg2
 -- interpolates on the client, so the planner sees a constant NULL and folds

@@ -1,4 +1,4 @@
--- Breaker notices to endpoint owners (issue 12 item 4, docs/decisions.md, Q3), executed
+-- Breaker notices to endpoint owners (docs/decisions.md, Q3), executed
 -- only by dispatcher/store/notices.py.  The rule of who hears what lives in
 -- dispatcher/engine/notifier.py; these queries keep one notice per endpoint, open
 -- episode and kind, whichever process finds it first.

@@ -1,4 +1,4 @@
--- Rollout controls and gate reports (issue 10). Executed only by
+-- Rollout controls and gate reports (docs/rollout.md). Executed only by
 -- dispatcher/store/rollout.py. The outbox decision itself lives in the
 -- SQL functions of migration 0004, called by dispatcher_send_event (0012).
 

@@ -1,6 +1,6 @@
 -- The dispatcher's schema as the numbered migrations (sql/migrations/) leave
 -- it, in one file for readers.  Production migrates with the numbered files;
--- this is not applied anywhere but tests/test_schema_snapshot.py, which
+-- this is not applied anywhere but tests/integration/test_schema_snapshot.py, which
 -- checks that the two agree.  Generated from a migrated database:
 --     python -m dispatcher_devtools.schema DSN > dispatcher/sql/schema.sql
 -- Not here: schema_migrations (the migrator's table) and the rows migrations

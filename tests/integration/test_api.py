@@ -2,7 +2,7 @@
 
 Rows are seeded with plain SQL, the same contract outside tools use; the app
 runs in-process through falcon.testing, except for the tests of the real
-server process (serve_main under gevent, started through the CLI).
+server process (dispatcher.runtime.api_main under gevent, started through the CLI).
 """
 
 from __future__ import annotations
@@ -808,7 +808,7 @@ def _clean_env() -> dict[str, str]:
 
 
 def _start_api(config: Path) -> tuple[subprocess.Popen[str], int, list[str]]:
-    """``dispatcher -c CONFIG api`` (which execs serve_main); returns the process and its port."""
+    """``dispatcher -c CONFIG api`` (which execs dispatcher.runtime.api_main); returns the process and its port."""
     process = subprocess.Popen([sys.executable, "-m", "dispatcher.cli", "-c", str(config), "api"], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_clean_env())
     lines: list[str] = []

@@ -1,6 +1,6 @@
 """The lease rule has one definition (migration 0014): whether a delivery is
 free of its lease (``dispatcher_unleased``).  A lane's slots go back in one
-place too: engine_record's slot list (tests/test_claim.py).
+place too: engine_record's slot list (tests/integration/test_claim.py).
 
 The queries call the functions instead of spelling the rules; this module
 fails when a query spells the lease test by hand, when the boundary moves,

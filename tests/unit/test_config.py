@@ -139,7 +139,7 @@ class TestErrors:
 
 
 class TestDurations:
-    # The syntax and its refusals: tests/test_durations.py.
+    # The syntax and its refusals: tests/unit/test_durations.py.
 
     def test_a_compressed_schedule_loads(self) -> None:
         # Tests compress the 24 h schedule into seconds; 100 ms must be accepted.

@@ -1,7 +1,7 @@
 """Hostile API clients (issue 13 item 1): slowloris, slow uploads, loops of
 refused recovers, bogus tokens and health probes.
 
-The server tests run the real API process (``serve_main`` under gevent).
+The server tests run the real API process (``dispatcher.runtime.api_main`` under gevent).
 Every wait is bounded by a client socket timeout; nothing asserts on a
 measured duration.
 """
