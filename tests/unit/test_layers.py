@@ -20,7 +20,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rules": ("store", "outbound", "engine", "api", "cli", "runtime", "config", "producer", "metrics"),
     "store": ("outbound", "engine", "api", "cli", "runtime", "config", "producer", "metrics"),
     "outbound": ("store", "engine", "api", "cli", "runtime", "producer"),
-    "engine": ("api", "cli"),
+    "engine": ("api", "cli", "runtime"),
     "api": ("engine", "cli", "runtime"),
     "cli": ("engine", "api"),
 }
