@@ -68,6 +68,14 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
+def _open_breaker(world: World, endpoint: int) -> None:
+    """The endpoint's breaker open for four more minutes after 20 failures, its last success 3 hours ago."""
+    world.sql("INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until, opened_at,"
+              " last_success_at, last_failure_at, last_error) VALUES (%s, 'open', 20, now() + interval '4 minutes',"
+              " now() - interval '1 minute', now() - interval '3 hours', now() - interval '1 minute', 'HTTP 503')",
+              (endpoint,))
+
+
 def _seed(world: World) -> dict[str, Any]:
     ws = world.workspace("acme")
     healthy = world.endpoint(ws, "https://ops.acme.example/webhooks/dispatch")
@@ -82,10 +90,7 @@ def _seed(world: World) -> dict[str, Any]:
     world.attempt(dead, broken, 3, "http_5xx", 503, error="HTTP 503", excerpt="upstream maintenance until 14:00")
     for n in range(3):
         world.delivery(ws, broken, world.event(ws, f"evt_backlog_{n}"), "pending", age=timedelta(minutes=20 - n))
-    world.sql("INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until, opened_at,"
-              " last_success_at, last_failure_at, last_error) VALUES (%s, 'open', 20, now() + interval '4 minutes',"
-              " now() - interval '1 minute', now() - interval '3 hours', now() - interval '1 minute', 'HTTP 503')",
-              (broken,))
+    _open_breaker(world, broken)
     return {"token": world.token(ws), "event": event, "ok": ok, "dead": dead, "broken": broken}
 
 
@@ -195,10 +200,7 @@ def _seed_overview(world: World) -> dict[str, Any]:
         world.attempt(dead, broken, 2, "timeout", None, error="TimeoutError", duration_ms=10000, ago=_hours_ago(0))
     for n in range(3):
         world.delivery(ws, broken, world.event(ws, f"evt_erp_backlog_{n}"), "pending", age=timedelta(minutes=20 - n))
-    world.sql("INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until, opened_at,"
-              " last_success_at, last_failure_at, last_error) VALUES (%s, 'open', 20, now() + interval '4 minutes',"
-              " now() - interval '1 minute', now() - interval '3 hours', now() - interval '1 minute', 'HTTP 503')",
-              (broken,))
+    _open_breaker(world, broken)
     return {"ws": ws, "payments": payments, "broken": broken, "quiet": quiet, "disabled": disabled}
 
 
