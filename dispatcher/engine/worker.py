@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 import gevent
 import gevent.event
 import gevent.hub
+import gevent.lock
 
 from dispatcher.config import Config
 from dispatcher.engine.delivery import Attempt, DeliveryMaker
@@ -128,6 +129,10 @@ class Worker:
                                      statement_deadline=database.statement_deadline)
 
         self._claims = EngineStore(connection("claim"))
+        # One statement at a time on the claim connection: the claimer claims on it, and senders,
+        # the flusher and shutdown hand rows back on it (psycopg2 refuses a second query while
+        # one is under way, and the rows would then wait for their lease to lapse).
+        self._claims_lock = gevent.lock.Semaphore()
         self._results = EngineStore(connection("record"))
         upkeep = connection("upkeep")
         self._upkeep = EngineStore(upkeep)
@@ -202,9 +207,10 @@ class Worker:
                 self._room.wait(workers.poll_interval)
                 continue
             try:
-                rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
-                                          list(self._lanes), self._cursor, workers.lease,
-                                          self.config.secrets.rotation_grace, refill, self._walk_share())
+                with self._claims_lock:
+                    rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
+                                              list(self._lanes), self._cursor, workers.lease,
+                                              self.config.secrets.rotation_grace, refill, self._walk_share())
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 self._settle_refills(refill, [], answered=False)
@@ -533,7 +539,8 @@ class Worker:
         if not claims:
             return
         try:
-            released = self._claims.release(claims)
+            with self._claims_lock:
+                released = self._claims.release(claims)
             log.info("handed back %d unsent claimed rows", released)
         except StoreError as exc:
             log.warning("could not hand back %d rows, their lease will lapse: %s", len(claims), exc)
