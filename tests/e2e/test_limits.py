@@ -55,10 +55,12 @@ def test_rate_limit_is_held_across_two_hosts(db, write_config, tmp_path: Path) -
         assert receiver.endpoint("free")["unique"] == count
     assert len(stamps) == count and None not in stamps
     # The limiter's contract, read at the receiver: no one-second window holds more than a
-    # full bucket (rate) plus what refills in that second (rate).  Unlimited, all 100 land
-    # within one window; slowness can only spread them out, never crowd them.
+    # full bucket (rate) plus what refills in that second (rate), plus the requests already in
+    # flight when the window opens (at most the endpoint's concurrency, 4): a loaded machine can
+    # hold sends claimed before the window back until they land inside it.  Unlimited, all 100
+    # land within one window.
     busiest = max(bisect.bisect_right(stamps, first + 1.0) - n for n, first in enumerate(stamps))
-    assert busiest <= 2 * rate, f"{busiest} deliveries within one second"
+    assert busiest <= 2 * rate + 4, f"{busiest} deliveries within one second"
     # Nothing was attempted early and refused: rows waiting for tokens consume no attempts.
     assert query(db.dsn, "SELECT max(attempt) FROM webhook_deliveries WHERE endpoint_id = %s", (limited,)) == [(1,)]
 
