@@ -98,9 +98,6 @@ class Lane:
             self.cooling = [end for end in self.cooling if end > now]
         return self.slots - len(self.cooling)
 
-    def idle(self) -> bool:
-        return not self.queue and not self.active and not self.asked
-
 
 class FailureWaits:
     """Waits out failures in a row by a back-off rule; the caller resets it after a success."""
@@ -114,6 +111,15 @@ class FailureWaits:
 
     def reset(self) -> None:
         self._failures = 0
+
+
+def latest_entries(entries: list[SlotEntry]) -> list[SlotEntry]:
+    """One entry per (endpoint, token), the last written: each names what the lane holds now.
+    A resting slot's hold rides only on an entry's last write (the lane gives it back once)."""
+    latest: dict[tuple[int, int], SlotEntry] = {}
+    for entry in entries:
+        latest[(entry.endpoint_id, entry.token)] = entry
+    return list(latest.values())
 
 
 class Worker:
@@ -208,9 +214,10 @@ class Worker:
                 continue
             try:
                 with self._claims_lock:
+                    share = self._walk_share()
                     rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
-                                              list(self._lanes), self._cursor, workers.lease,
-                                              self.config.secrets.rotation_grace, refill, self._walk_share())
+                                              self._busy_endpoints(share), self._cursor, workers.lease,
+                                              self.config.secrets.rotation_grace, refill, share)
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 self._settle_refills(refill, [], answered=False)
@@ -352,6 +359,11 @@ class Worker:
                 self._start_senders(endpoint_id, lane)  # or a timer, when the rows wait for a resting slot
             self._settle(endpoint_id, lane)
 
+    def _busy_endpoints(self, share: int) -> list[int]:
+        """Lanes the walk passes by: those holding their share (a refilled lane is passed by too,
+        by the store); a lane holding fewer may take more slots as they come free."""
+        return [endpoint_id for endpoint_id, lane in self._lanes.items() if sum(lane.grants.values()) >= share]
+
     def _walk_share(self) -> int:
         """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
         limit = self.config.workers.per_endpoint_concurrency
@@ -367,19 +379,40 @@ class Worker:
             self._wake.set()
 
     def _settle(self, endpoint_id: int, lane: Lane) -> None:
-        """A lane with no row queued, none sending and none asked for keeps its slots only
-        while the very next claim can bring it rows (the process has room, and the lane is
-        neither closing nor past its turn); otherwise it gives them back at once: a slot is
-        never kept idle waiting for room."""
-        if not lane.idle() or self._lanes.get(endpoint_id) is not lane:
+        """A lane whose queue is empty, with no rows asked for, keeps its slots only while the
+        very next claim can bring it rows (lanes held, the process has room, the lane is neither
+        closing nor past its turn); otherwise every slot no sender uses goes back at once, and
+        the lane with its last one: a slot is never kept idle."""
+        if lane.queue or lane.asked or self._lanes.get(endpoint_id) is not lane:
             return
-        if (not lane.closing and not self._stopping.is_set() and lane.grants
+        if self._keeps(lane):
+            if not lane.active:
+                self._wake.set()
+            return
+        if lane.active:
+            self._give_back_spare(endpoint_id, lane)
+        else:
+            self._give_back(endpoint_id, lane)
+
+    def _keeps(self, lane: Lane) -> bool:
+        return (not lane.closing and not self._stopping.is_set() and bool(lane.grants)
                 and self._held < self.config.workers.max_in_flight
                 and self._lane_policy.refill(lane.slots, 0, lane.mean, time.monotonic() - lane.started,
-                                             self._lane_budget()) > 0):
-            self._wake.set()
-            return
-        self._give_back(endpoint_id, lane)
+                                             self._lane_budget()) > 0)
+
+    def _give_back_spare(self, endpoint_id: int, lane: Lane) -> None:
+        """The slots no sender uses go back; resting ones stay with the lane until it gives all
+        back, so a timed-out slot's hold is written once."""
+        spare = lane.slots - lane.active - len(lane.cooling)
+        for token in list(lane.grants):
+            if spare <= 0:
+                return
+            given = min(spare, lane.grants[token])
+            spare -= given
+            lane.grants[token] -= given
+            self._slot_entries.append(SlotEntry(endpoint_id, token, lane.grants[token]))
+            if not lane.grants[token]:
+                del lane.grants[token]
 
     def _give_back(self, endpoint_id: int, lane: Lane) -> None:
         """Every slot of the lane goes back with the next flush (within ``workers.flush_interval``:
@@ -426,7 +459,7 @@ class Worker:
             drained = self._stopping.is_set() and self._held == 0 and not self._lanes
             if self._finished or self._slot_entries:
                 batch, self._finished = self._finished, []
-                entries, self._slot_entries = self._slot_entries, []
+                entries, self._slot_entries = latest_entries(self._slot_entries), []
                 if not self._write(batch, entries):
                     self._finished = batch + self._finished
                     self._slot_entries = entries + self._slot_entries

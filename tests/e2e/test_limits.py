@@ -109,3 +109,17 @@ def test_a_hot_lane_keeps_its_slots_and_hands_them_on(db, write_config) -> None:
     assert seen["max_concurrency"] <= 4, seen
     assert seen["unique"] == 300 and seen["requests"] == 300, seen
     assert status_counts(db.dsn) == {"delivered": 300}
+
+
+def test_a_slow_row_does_not_hold_its_lanes_other_slots(db, write_config) -> None:
+    # Concurrency 2: one slot is taken by a row whose POST does not end until the others are in.
+    # The other slot goes back as soon as its row is done and is taken again by the next claim, so
+    # every other row is delivered while the slow one is still in flight (lane_hold off, the default).
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        seed_workspace(db.dsn, "ws", [receiver.url("ok", "mixed")])
+        config = write_config(db, workers={"per_endpoint_concurrency": 2, "poll_interval": "50ms"})
+        (slow, *_) = produce(config, db.dsn, "ws", 8)
+        out = run_green("tests.support.faults:run_one_slow_row_worker", {
+            "config": str(config), "dsn": db.dsn, "slow_event_id": slow, "total": 8}, timeout=90)
+    assert out["others_before_slow"] == 7, out
+    assert out["all"] == 8, out

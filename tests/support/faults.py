@@ -352,3 +352,58 @@ def _ledger(dsn: str) -> list[list[Any]]:
             return [list(row) for row in cur.fetchall()]
     finally:
         conn.close()
+
+
+# ------------------------------------------------------------- a slow row does not hold its lane's other slots
+
+
+def run_one_slow_row_worker(config: str, dsn: str, slow_event_id: str, total: int, timeout: float = 30.0
+                            ) -> dict[str, Any]:
+    """``green.py`` target: a real :class:`dispatcher.engine.worker.Worker` whose transport holds the
+    POST of ``slow_event_id`` until every other row of the endpoint is delivered (or ``timeout``).
+
+    With per-endpoint concurrency 2 and one slot held by the slow row, the other slot must keep
+    turning: its rows are delivered while the slow one is still in flight.
+    """
+    import gevent
+    import gevent.event
+
+    from dispatcher.config import load_config
+    from dispatcher.engine.delivery import DeliveryMaker, build_transport
+    from dispatcher.engine.worker import Worker
+
+    cfg = load_config(config, env={})
+    inner = build_transport(cfg)
+    others_done = gevent.event.Event()
+
+    class SlowOneTransport:
+        def post(self, url: str, headers: dict[str, str], body: bytes, workspace: str | None = None) -> Any:
+            if headers.get("webhook-id") == slow_event_id:
+                others_done.wait(timeout)
+            return inner.post(url, headers, body, workspace)
+
+        def close(self) -> None:
+            inner.close()
+
+    def delivered() -> int:
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn, conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
+                return int(cur.fetchone()[0])
+        finally:
+            conn.close()
+
+    worker = Worker(cfg, dsn, "green:slow", maker=DeliveryMaker(SlowOneTransport(),  # type: ignore[arg-type]
+                                                                cfg.retry.retry_policies()))
+    runner = gevent.spawn(worker.run)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and delivered() < total - 1:
+        gevent.sleep(0.05)
+    others_before_slow = delivered()
+    others_done.set()
+    while time.monotonic() < deadline + 10 and delivered() < total:
+        gevent.sleep(0.05)
+    worker.stop()
+    runner.join(timeout=30)
+    return {"others_before_slow": others_before_slow, "all": delivered()}

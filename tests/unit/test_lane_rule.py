@@ -84,3 +84,11 @@ def test_the_running_mean_follows_the_endpoint() -> None:
     for _ in range(50):
         mean = running_mean(mean, 1.0)
     assert mean == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_flush_writes_one_entry_per_slot_key_the_last() -> None:
+    from dispatcher.engine.worker import latest_entries
+    from dispatcher.store.engine import SlotEntry
+
+    written = latest_entries([SlotEntry(1, 7, 3), SlotEntry(2, 7, 1), SlotEntry(1, 7, 2), SlotEntry(1, 7, 0, 1, 9.5)])
+    assert written == [SlotEntry(1, 7, 0, 1, 9.5), SlotEntry(2, 7, 1)]
