@@ -312,19 +312,10 @@ def run_hot_lane_workers(config: str, dsn: str, total: int, hand_on_after: int, 
         worker._claims.claim = claim_and_count  # type: ignore[method-assign]
         return worker
 
-    def delivered() -> int:
-        conn = psycopg2.connect(dsn)
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
     def wait_for(count: int) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if delivered() >= count:
+            if _delivered(dsn) >= count:
                 return True
             gevent.sleep(0.05)
         return False
@@ -341,6 +332,16 @@ def run_hot_lane_workers(config: str, dsn: str, total: int, hand_on_after: int, 
     later.join(timeout=30)
     return {"first_part": first_part, "all_done": all_done, "counts": counts, "held_by_a": held_by_a,
             "ledger_after": _ledger(dsn)}
+
+
+def _delivered(dsn: str) -> int:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
+            return int(cur.fetchone()[0])
+    finally:
+        conn.close()
 
 
 def _ledger(dsn: str) -> list[list[Any]]:
@@ -385,25 +386,16 @@ def run_one_slow_row_worker(config: str, dsn: str, slow_event_id: str, total: in
         def close(self) -> None:
             inner.close()
 
-    def delivered() -> int:
-        conn = psycopg2.connect(dsn)
-        try:
-            with conn, conn.cursor() as cur:
-                cur.execute("SELECT count(*) FROM webhook_deliveries WHERE status = 'delivered'")
-                return int(cur.fetchone()[0])
-        finally:
-            conn.close()
-
     worker = Worker(cfg, dsn, "green:slow", maker=DeliveryMaker(SlowOneTransport(),  # type: ignore[arg-type]
                                                                 cfg.retry.retry_policies()))
     runner = gevent.spawn(worker.run)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and delivered() < total - 1:
+    while time.monotonic() < deadline and _delivered(dsn) < total - 1:
         gevent.sleep(0.05)
-    others_before_slow = delivered()
+    others_before_slow = _delivered(dsn)
     others_done.set()
-    while time.monotonic() < deadline + 10 and delivered() < total:
+    while time.monotonic() < deadline + 10 and _delivered(dsn) < total:
         gevent.sleep(0.05)
     worker.stop()
     runner.join(timeout=30)
-    return {"others_before_slow": others_before_slow, "all": delivered()}
+    return {"others_before_slow": others_before_slow, "all": _delivered(dsn)}
