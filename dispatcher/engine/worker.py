@@ -362,7 +362,7 @@ class Worker:
     def _busy_endpoints(self, share: int) -> list[int]:
         """Lanes the walk passes by: those holding their share (a refilled lane is passed by too,
         by the store); a lane holding fewer may take more slots as they come free."""
-        return [endpoint_id for endpoint_id, lane in self._lanes.items() if sum(lane.grants.values()) >= share]
+        return [endpoint_id for endpoint_id, lane in self._lanes.items() if lane.slots >= share]
 
     def _walk_share(self) -> int:
         """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
@@ -373,9 +373,13 @@ class Worker:
         """Rows one lane may queue: an even part of what the process may hold."""
         return self.config.workers.max_in_flight // max(1, len(self._lanes))
 
+    def _wants_rows(self, lane: Lane) -> bool:
+        """The lane, open and holding slots, would ask the next claim for rows (LanePolicy.refill)."""
+        return (not lane.closing and bool(lane.grants) and self._lane_policy.refill(
+            lane.slots, len(lane.queue), lane.mean, time.monotonic() - lane.started, self._lane_budget()) > 0)
+
     def _wake_if_low(self, lane: Lane) -> None:
-        if not lane.asked and not lane.closing and lane.grants and self._lane_policy.refill(
-                lane.slots, len(lane.queue), lane.mean, time.monotonic() - lane.started, self._lane_budget()) > 0:
+        if not lane.asked and self._wants_rows(lane):
             self._wake.set()
 
     def _settle(self, endpoint_id: int, lane: Lane) -> None:
@@ -395,10 +399,9 @@ class Worker:
             self._give_back(endpoint_id, lane)
 
     def _keeps(self, lane: Lane) -> bool:
-        return (not lane.closing and not self._stopping.is_set() and bool(lane.grants)
-                and self._held < self.config.workers.max_in_flight
-                and self._lane_policy.refill(lane.slots, 0, lane.mean, time.monotonic() - lane.started,
-                                             self._lane_budget()) > 0)
+        """An empty lane keeps its slots only while the next claim can bring it rows."""
+        return (not self._stopping.is_set() and self._held < self.config.workers.max_in_flight
+                and self._wants_rows(lane))
 
     def _give_back_spare(self, endpoint_id: int, lane: Lane) -> None:
         """The slots no sender uses go back; resting ones stay with the lane until it gives all
