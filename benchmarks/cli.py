@@ -9,13 +9,17 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import yaml
+
 from benchmarks.harness import load_average, machine
+from dispatcher_devtools.kit.configs import BENCH_SETTINGS_ENV
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
                                "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot")
@@ -107,6 +111,18 @@ def print_table(results: Sequence[dict[str, Any]], out: Any = None) -> None:
             print("  ".join("-" * w for w in widths), file=out)
 
 
+def settings_overrides(assignments: Sequence[str]) -> dict[str, Any]:
+    """``section.key=value`` strings as config overrides (a YAML scalar each: ``false``, ``0.5``, ``5s``)."""
+    overrides: dict[str, Any] = {}
+    for assignment in assignments:
+        dotted, equals, text = assignment.partition("=")
+        section, dot, key = dotted.partition(".")
+        if not (equals and dot and section and key):
+            raise ValueError(f"--set {assignment!r}: expected SECTION.KEY=VALUE, e.g. workers.lane_hold=false")
+        overrides[f"{section}__{key}"] = yaml.safe_load(text) if text else ""
+    return overrides
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", action="append", choices=SCENARIOS,
@@ -130,7 +146,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="peer: how many times to run the order peer, ours, ours, peer after the sweep of "
                              "the peer's tunings (default: 1)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a dispatcher setting for every scenario's engine, applied last (repeatable), "
+                             "e.g. --set workers.lane_hold=false: the before of a before/after")
     args = parser.parse_args(argv)
+    try:
+        os.environ[BENCH_SETTINGS_ENV] = json.dumps(settings_overrides(args.set))
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.max_in_flight is not None and args.max_in_flight < 1:
         parser.error("--max-in-flight must be a positive number")
     if args.rounds < 1:

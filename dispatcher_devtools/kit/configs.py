@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+# Settings every benchmark config takes last (``python -m benchmarks --set section.key=value``),
+# as JSON of ``{"section__key": value}``: the environment carries them into the harness's own
+# subprocesses too.
+BENCH_SETTINGS_ENV = "DISPATCHER_BENCH_SET"
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,7 +53,8 @@ def bench_config(dsn: str, log_file: Path, statsd_port: int, **sections: dict[st
         "statsd": {"host": "127.0.0.1", "port": statsd_port, "prefix": "dispatcher.bench", "enabled": True},
         "logging": {"level": "INFO", "file": str(log_file)},
     }
-    return apply_overrides(raw, sections)
+    apply_overrides(raw, sections)
+    return apply_overrides(raw, json.loads(os.environ.get(BENCH_SETTINGS_ENV) or "{}"))
 
 
 def write_config(path: Path, document: Mapping[str, Any]) -> Path:
