@@ -45,9 +45,6 @@ from benchmarks.throughput import drain
 from dispatcher_devtools.kit import SECRET, seed_workspaces, wait_until
 
 SLOTS = 4                     # workers.per_endpoint_concurrency, set explicitly; the ceiling's clients
-# The design under measurement: lanes keep their slots while they have rows (docs/claim.md,
-# "Holding a lane"; off by default until the spread drains are settled, docs/benchmarks.md).
-LANES = {"lane_hold": True}
 LATENCY_MS = 10
 PAYLOAD_BYTES = 1024
 TARGETS = {"one_endpoint_10ms": 0.9, "one_endpoint_fast": 0.5, "spread": 0.9, "hot_time_ratio": 1.1}
@@ -110,7 +107,7 @@ def engine_drain(setup: EngineSetup, *, endpoints: dict[str, list[str]], backlog
     ids = seed_workspaces(conn, endpoints)
     conn.close()
     group_ids = {name: [i for ws in names for i in ids[ws]] for name, names in groups.items()}
-    config = setup.config(workers={"processes": processes, "per_endpoint_concurrency": SLOTS, **LANES},
+    config = setup.config(workers={"processes": processes, "per_endpoint_concurrency": SLOTS},
                           http={"client": client} if client else {})
     with DispatcherRun(setup.tmp, config) as dispatcher:
         dispatcher.wait_ready(processes)
@@ -197,21 +194,32 @@ def one_endpoint(*, rows: int, fast: bool, probe_s: float, processes: int, clien
 
 
 def spread(*, events: int, processes: int, client: str | None, receiver: str) -> dict[str, Any]:
-    """The throughput drain over 100 endpoints (10 x 10), then over 1,000 (100 x 10), same backlog size."""
-    runs = {}
-    for endpoints, workspaces in (("endpoints_100", 10), ("endpoints_1000", 100)):
+    """The throughput drain over 100 endpoints (10 x 10) and over 1,000 (100 x 10), same backlog size,
+    in the order 100, 1,000, 1,000, 100 (the machine's drift lands on both alike); each rate is the
+    mean of its two runs."""
+    runs: dict[str, list[dict[str, Any]]] = {"endpoints_100": [], "endpoints_1000": []}
+    for endpoints in ABBA:
+        workspaces = 10 if endpoints == "endpoints_100" else 100
         found = drain(events=events, workspaces=workspaces, processes=processes, client=client,
-                      receiver_kind=receiver, label=f"hot_spread{workspaces * 10}", timeout=900.0,
-                      extra_workers=LANES)
-        runs[endpoints] = {key: found[key] for key in ("deliveries", "endpoints", "seconds", "deliveries_per_s",
-                                                        "first_attempt_after_commit_s", "lost", "statuses",
-                                                        "cpu_ms_per_delivery", "load_average_before")}
-        runs[endpoints]["others_cores"] = found["machine"]["others_cores"]
-    few, many = runs["endpoints_100"]["deliveries_per_s"], runs["endpoints_1000"]["deliveries_per_s"]
+                      receiver_kind=receiver, label=f"hot_spread{workspaces * 10}", timeout=900.0)
+        run = {key: found[key] for key in ("deliveries", "endpoints", "seconds", "deliveries_per_s",
+                                           "first_attempt_after_commit_s", "lost", "statuses",
+                                           "cpu_ms_per_delivery", "load_average_before")}
+        runs[endpoints].append({**run, "others_cores": found["machine"]["others_cores"]})
+    few, many = (_mean_rate(runs[name]) for name in ("endpoints_100", "endpoints_1000"))
     ratio = round(few / many, 3) if few and many else None
-    lost = sum(run["lost"] for run in runs.values())
-    return {"receiver": receiver, **runs, "ratio_100_to_1000": ratio, "target_ratio": TARGETS["spread"],
+    lost = sum(run["lost"] for pair in runs.values() for run in pair)
+    return {"receiver": receiver, "order": list(ABBA), "endpoints_100_per_s": few, "endpoints_1000_per_s": many,
+            **runs, "ratio_100_to_1000": ratio, "target_ratio": TARGETS["spread"],
             "lost": lost, "met": bool(ratio is not None and ratio >= TARGETS["spread"] and lost == 0)}
+
+
+ABBA = ("endpoints_100", "endpoints_1000", "endpoints_1000", "endpoints_100")
+
+
+def _mean_rate(runs: list[dict[str, Any]]) -> float | None:
+    rates = [run["deliveries_per_s"] for run in runs]
+    return round(sum(rates) / len(rates), 1) if rates and all(rates) else None
 
 
 def _slow_url(receiver: Any, key: str) -> str:
@@ -226,34 +234,41 @@ def _others(receiver: Any) -> dict[str, list[str]]:
 
 
 def hot_among(*, hot: int, each: int, processes: int, client: str | None) -> dict[str, Any]:
-    """The 999's drain alone, then next to a hot endpoint (its rows inserted first), fresh set-ups."""
-    phases: dict[str, dict[str, Any]] = {}
-    for phase, with_hot in (("without_hot", False), ("with_hot", True)):
+    """The 999's drain alone and next to a hot endpoint (its rows inserted first), each on a fresh
+    set-up, in the order without, with, with, without; each time is the mean of its two runs."""
+    phases: dict[str, list[dict[str, Any]]] = {"without_hot": [], "with_hot": []}
+    for phase in ("without_hot", "with_hot", "with_hot", "without_hot"):
         with engine_setup(f"hot_among_{phase}") as setup:
             endpoints = _others(setup.receiver)
             backlog, groups = [Block(0, 100, each * 100)], {"others": list(endpoints)}
-            if with_hot:
+            if phase == "with_hot":
                 endpoints["ws100"] = [_slow_url(setup.receiver, "hot")]
                 backlog.insert(0, Block(100, 1, hot))
                 groups["hot"] = ["ws100"]
-            phases[phase] = engine_drain(setup, endpoints=endpoints, backlog=backlog, groups=groups,
-                                         watched="others", processes=processes, client=client)
-    alone, beside = phases["without_hot"]["groups"]["others"], phases["with_hot"]["groups"]["others"]
-    ratio = round(beside["seconds"] / alone["seconds"], 3) if alone["seconds"] and beside["seconds"] else None
-    peaks = [max((phase["max_concurrency_by_endpoint"] or {}).values(), default=0) for phase in phases.values()]
-    lost = sum(phase["groups"]["others"]["rows"] - phase["groups"]["others"]["delivered"]
-               for phase in phases.values())
+            phases[phase].append(engine_drain(setup, endpoints=endpoints, backlog=backlog, groups=groups,
+                                              watched="others", processes=processes, client=client))
+    alone, beside = (_mean_seconds(phases[name], "others") for name in ("without_hot", "with_hot"))
+    ratio = round(beside / alone, 3) if alone and beside else None
+    runs = [run for pair in phases.values() for run in pair]
+    peaks = [max((run["max_concurrency_by_endpoint"] or {}).values(), default=0) for run in runs]
+    lost = sum(run["groups"]["others"]["rows"] - run["groups"]["others"]["delivered"] for run in runs)
     met = ratio is not None and ratio <= TARGETS["hot_time_ratio"] and max(peaks) <= SLOTS and lost == 0
+    hot_rates = [run["groups"]["hot"]["deliveries_per_s"] or 0.0 for run in phases["with_hot"]]
     return {"receiver": f"mock receiver, every endpoint answering after {LATENCY_MS} ms, verifying",
             "hot_pending": hot, "others_pending_each": each,
-            "others_seconds_without_hot": alone["seconds"], "others_seconds_with_hot": beside["seconds"],
+            "others_seconds_without_hot": alone, "others_seconds_with_hot": beside,
             "time_ratio_with_to_without": ratio, "target_time_ratio": TARGETS["hot_time_ratio"],
-            "hot_deliveries_per_s_meanwhile": phases["with_hot"]["groups"]["hot"]["deliveries_per_s"],
+            "hot_deliveries_per_s_meanwhile": round(sum(hot_rates) / len(hot_rates), 1),
             "max_concurrency_any_endpoint": max(peaks), "max_concurrency_hot":
-                (phases["with_hot"]["max_concurrency_by_endpoint"] or {}).get("hot"),
+                max((run["max_concurrency_by_endpoint"] or {}).get("hot", 0) for run in phases["with_hot"]),
             "target_max_concurrency": SLOTS, "lost": lost, "met": bool(met),
-            **{phase: {k: v for k, v in found.items() if k != "max_concurrency_by_endpoint"}
-               for phase, found in phases.items()}}
+            **{phase: [{k: v for k, v in run.items() if k != "max_concurrency_by_endpoint"} for run in pair]
+               for phase, pair in phases.items()}}
+
+
+def _mean_seconds(runs: list[dict[str, Any]], group: str) -> float | None:
+    seconds = [run["groups"][group]["seconds"] for run in runs]
+    return round(sum(seconds) / len(seconds), 3) if seconds and all(seconds) else None
 
 
 # --------------------------------------------------------------------------- the scenario
@@ -276,9 +291,8 @@ def _table(cases: dict[str, dict[str, Any]]) -> list[tuple[str, Any, str]]:
         (f"1 endpoint, fast ({fast.get('receiver', '?')}): deliveries/s", fast.get("deliveries_per_s"), "report"),
         (f"  {SLOTS} keep-alive clients' ceiling/s", fast.get("ceiling_per_s"), "report"),
         ("  ratio to the ceiling", fast.get("ratio_to_ceiling"), f">= {TARGETS['one_endpoint_fast']}"),
-        ("100 endpoints (10 x 10): deliveries/s", wide.get("endpoints_100", {}).get("deliveries_per_s"), "report"),
-        ("1,000 endpoints (100 x 10): deliveries/s", wide.get("endpoints_1000", {}).get("deliveries_per_s"),
-         "report"),
+        ("100 endpoints (10 x 10): deliveries/s", wide.get("endpoints_100_per_s"), "report"),
+        ("1,000 endpoints (100 x 10): deliveries/s", wide.get("endpoints_1000_per_s"), "report"),
         ("  ratio 100 / 1,000", wide.get("ratio_100_to_1000"), f">= {TARGETS['spread']}"),
         ("999 endpoints drain s, alone", among.get("others_seconds_without_hot"), "report"),
         ("999 endpoints drain s, next to a hot one", among.get("others_seconds_with_hot"), "report"),

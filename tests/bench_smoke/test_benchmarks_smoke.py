@@ -144,14 +144,18 @@ def test_hot_measures_each_case_against_its_baseline_in_the_same_run(results: di
         assert case["ratio_to_ceiling"] is not None and case["log"]["attempt_lines"] == case["pending"]
     assert 1 <= hot["one_endpoint_10ms"]["max_concurrency"], "the mock counted requests in flight"
     spread = hot["spread_100_vs_1000"]
-    assert [spread[key]["endpoints"] for key in ("endpoints_100", "endpoints_1000")] == [100, 1000]
-    for key in ("endpoints_100", "endpoints_1000"):
-        assert spread[key]["statuses"] == {"delivered": spread[key]["deliveries"]} and spread[key]["deliveries"] > 0
+    assert spread["order"] == ["endpoints_100", "endpoints_1000", "endpoints_1000", "endpoints_100"]
+    for key, endpoints in (("endpoints_100", 100), ("endpoints_1000", 1000)):
+        assert [run["endpoints"] for run in spread[key]] == [endpoints, endpoints]
+        for run in spread[key]:
+            assert run["statuses"] == {"delivered": run["deliveries"]} and run["deliveries"] > 0
     among = hot["hot_among_999"]
-    alone, beside = among["without_hot"]["groups"], among["with_hot"]["groups"]
-    assert set(alone) == {"others"} and set(beside) == {"others", "hot"}
-    assert alone["others"]["rows"] == beside["others"]["rows"] == 999 * among["others_pending_each"]
-    assert beside["hot"]["rows"] == among["hot_pending"]
+    assert len(among["without_hot"]) == len(among["with_hot"]) == 2
+    for alone, beside in zip(among["without_hot"], among["with_hot"], strict=True):
+        assert set(alone["groups"]) == {"others"} and set(beside["groups"]) == {"others", "hot"}
+        assert alone["groups"]["others"]["rows"] == beside["groups"]["others"]["rows"] == \
+            999 * among["others_pending_each"]
+        assert beside["groups"]["hot"]["rows"] == among["hot_pending"]
     assert among["others_seconds_with_hot"] and among["others_seconds_without_hot"]
     assert among["max_concurrency_any_endpoint"] >= 1 and among["max_concurrency_hot"] >= 1
 
