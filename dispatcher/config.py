@@ -229,7 +229,7 @@ class WorkersConfig:
     lease: float = setting(60.0, parse_duration, "how long a claim is owned before another worker may take it")
     max_in_flight: int = setting(512, _positive_int, "deliveries a process holds (queued + sending) at most")
     flush_interval: float = setting(0.05, parse_duration, "how long results wait before their batched write")
-    lane_hold: bool = setting(False, _boolean,
+    lane_hold: bool = setting(True, _boolean,
                               "keep an endpoint's slots while this process has rows for it (docs/claim.md)")
     lane_horizon: float = setting(0.25, parse_duration,
                                   "seconds of an endpoint's work a process queues ahead of the slots it holds")

@@ -113,8 +113,8 @@ def test_a_hot_lane_keeps_its_slots_and_hands_them_on(db, write_config) -> None:
 
 def test_a_slow_row_does_not_hold_its_lanes_other_slots(db, write_config) -> None:
     # Concurrency 2: one slot is taken by a row whose POST does not end until the others are in.
-    # The other slot goes back as soon as its row is done and is taken again by the next claim, so
-    # every other row is delivered while the slow one is still in flight (lane_hold off, the default).
+    # The other slot's sender goes on with the lane's queue (or the slot goes back and is taken
+    # again by the next claim), so every other row is delivered while the slow one is still in flight.
     with ReceiverProcess(secrets=[SECRET]) as receiver:
         seed_workspace(db.dsn, "ws", [receiver.url("ok", "mixed")])
         config = write_config(db, workers={"per_endpoint_concurrency": 2, "poll_interval": "50ms"})
