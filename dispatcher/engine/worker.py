@@ -154,12 +154,15 @@ class Worker:
         workers = config.workers
         self._lane_policy = LanePolicy(workers.lease, config.http.timeout, workers.lane_horizon, workers.lane_turn,
                                        workers.claim_batch, workers.lane_hold)
-        # This process's share of an endpoint's slots while it holds few lanes: a hot endpoint's
-        # lane is then served by every process of the host at once, not by whichever claimed it
-        # first.  With many lanes open (a spread load) a visit takes the whole room, as a visit
-        # costs the database about as much for one row as for four.
+        # This process's share of an endpoint's slots while it is slot-bound with few lanes: a hot
+        # endpoint's lane is then served by every process of the host at once, not by whichever
+        # claimed it first.  Otherwise a visit takes the whole room, as a visit costs the database
+        # about as much for one row as for four.
         self._share = -(-workers.per_endpoint_concurrency // workers.processes)
         self._held = 0
+        # Whether rows wait on slots rather than on this process (LanePolicy.budget): assumed at
+        # start, so a lone hot endpoint's first claim already takes only this process's share.
+        self._slot_bound = True
         self._finished: list[Attempt] = []
         self._slot_entries: list[SlotEntry] = []
         self._wake = gevent.event.Event()
@@ -224,22 +227,25 @@ class Worker:
                 backoff.wait(self._stopping)
                 continue
             backoff.reset()
+            walked = sum(1 for row in rows if row.grants_slot)
+            self._slot_bound = LanePolicy.slot_bound(want, walked, self._slot_bound)
             self._accept(rows)
             self._settle_refills(refill, rows, answered=True)
-            if len(rows) < want:
-                # Idle (nothing due): look again after poll_interval.  Busy (the
-                # claim found rows but fewer than it could take): rows keep
+            if walked < want:
+                # Idle (the walk found nothing due): look again after poll_interval.
+                # Busy (it found rows but fewer than it could take): rows keep
                 # arriving, so look again soon, or pick-up latency under steady
                 # load would be poll_interval / 2 on average, not a few ms.  A
-                # lane running low wakes the claimer at once (_wake).
-                self._wake.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
+                # lane's refill does not count: a lane running low wakes the
+                # claimer at once (_wake).
+                self._wake.wait(workers.poll_interval if not walked else min(workers.poll_interval, BUSY_POLL))
 
     def _refills(self, room: int) -> list[tuple[int, int]]:
         """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
         marks what is asked, within ``room``."""
         now, budget = time.monotonic(), self._lane_budget()
         refill: list[tuple[int, int]] = []
-        if budget < 2 or not self._lane_policy.hold:  # no lane can queue ahead (LanePolicy.refill)
+        if budget < 2:  # no lane can queue ahead (LanePolicy.refill)
             return refill
         # The emptiest lanes first: when room is short, it goes where senders would wait.
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
@@ -367,11 +373,11 @@ class Worker:
     def _walk_share(self) -> int:
         """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
         limit = self.config.workers.per_endpoint_concurrency
-        return self._share if self._lane_policy.hold and self._lane_budget() >= 2 * limit else limit
+        return self._share if self._lane_budget() >= 2 * limit else limit
 
     def _lane_budget(self) -> int:
-        """Rows one lane may queue: an even part of what the process may hold."""
-        return self.config.workers.max_in_flight // max(1, len(self._lanes))
+        """Rows one lane may queue (LanePolicy.budget)."""
+        return self._lane_policy.budget(self.config.workers.max_in_flight, len(self._lanes), self._slot_bound)
 
     def _wants_rows(self, lane: Lane) -> bool:
         """The lane, open and holding slots, would ask the next claim for rows (LanePolicy.refill)."""

@@ -49,6 +49,23 @@ class LanePolicy:
         depth = self.depth(slots, mean, budget)
         return depth - queued if queued * 2 <= depth else 0
 
+    def budget(self, max_in_flight: int, lanes: int, slot_bound: bool) -> int:
+        """Rows one lane may queue: an even part of what the process may hold, while the process
+        is *slot-bound* (its last walk took fewer rows than it could: every endpoint with due rows
+        was at its limit, so rows wait on slots, not on the process); none while it is
+        *room-bound* (the walk filled its part), as the walk then keeps every slot busy by
+        itself and a lane holding slots idle between claims would only keep them from the
+        region's other processes."""
+        if not self.hold or not slot_bound:
+            return 0
+        return max_in_flight // max(1, lanes)
+
+    @staticmethod
+    def slot_bound(walk_wanted: int, walk_took: int, before: bool) -> bool:
+        """After a claim: whether the process is slot-bound (``budget``); a claim whose walk
+        wanted nothing tells nothing, and the state before stands."""
+        return before if walk_wanted <= 0 else walk_took < walk_wanted
+
     def renewal_due(self, since_renewed: float) -> bool:
         """The slots' lease must be renewed (by the next claim) to outlast what is queued."""
         return since_renewed >= self.lease / 3
