@@ -134,7 +134,7 @@ def window_criterion(window: Window, required: timedelta | None) -> Criterion:
     """The window is at least as long as the RFC's criterion needs."""
     hours = round(window.length.total_seconds() / 3600, 2)
     if required is None:
-        return criterion("window", "window length, h", hours, "any", False, [])
+        return criterion("window", "window length, h", hours, "any length (the RFC names none)", False, [])
     short = window.length < required
     missing = [f"window: {span(window.length.total_seconds())} from {_at(window.since)}; the RFC's criterion "
                f"needs {span(required.total_seconds())} (--since, --until)"] if short else []
@@ -449,7 +449,7 @@ def phase3(window: Window, rollout: RolloutState, samples: BacklogSamples, alert
     # Holes in the stretch before could hide alerts there, so only a complete
     # "before" makes more alerts in the window a breach.
     volume = criterion("alert_volume", "backlog alerts fired in the window", alerts.in_window,
-                       f"<= {alerts.before} (fired from {_at(before.since)} to {_at(before.until)})",
+                       f"<= {alerts.before}, the count from {_at(before.since)} to {_at(before.until)}",
                        alerts.in_window > alerts.before and not before_holes,
                        before_holes + samples.holes("alert recording, the window", window))
     details = {"backlog_samples": len(sampled), "alerts_before": alerts.before,
