@@ -6,7 +6,9 @@ the supervisor releases a dead worker's claims) stamps its heartbeat row as
 the leader's (``dispatcher status`` shows it, ``dispatcher check`` warns when
 no leader ran a round lately), publishes the live-worker gauge, evaluates the
 backlog alert by the rule ``dispatcher check`` uses too
-(``dispatcher.rules.health.BacklogRule``), publishes the breaker gauges, sweeps
+(``dispatcher.rules.health.BacklogRule``) and keeps the round's figures and the
+alert's episodes in the database for the rollout gates (``backlog_samples``,
+``alert_episodes``), publishes the breaker gauges, sweeps
 rows whose retry window ran out while
 their endpoint's breaker was open (claims skip those rows, so nothing else
 would ever end them), and applies retention (docs/decisions.md, Q2): dead and failed
@@ -37,6 +39,10 @@ PRUNE_ROUNDS = 100
 # The leader lease: this many upkeep rounds, and never shorter than the floor.
 LEASE_ROUNDS = 3
 LEASE_FLOOR = 30.0
+# How long backlog samples and closed alert episodes are kept: phase 3's gate
+# reads its week and the week before (docs/rollout.md), with room for a gate
+# run late or over a longer window.
+GATE_EVIDENCE_KEPT = 35 * 86400.0
 
 
 class Upkeep:
@@ -94,6 +100,7 @@ class Upkeep:
                               ("webhook_backlog_overdue_rows", figures.overdue_rows),
                               ("webhook_backlog_held_rows", figures.held_rows),
                               ("webhook_backlog_alert", 1 if breaches else 0)])
+        self._store.record_backlog(figures, breaches)
         if breaches:
             log.warning("backlog alert: %s; %d due rows wait behind %d open or half-open breakers (not backlog)",
                         "; ".join(breaches), figures.held_rows, figures.open_breakers)
@@ -131,6 +138,7 @@ class Upkeep:
                    + self._prune_until_short(lambda: self._store.prune_attempts(retention.attempts, retention.batch)))
         if deleted:
             log.info("retention: pruned %d rows", deleted)
+        self._store.prune_gate_evidence(GATE_EVIDENCE_KEPT)
 
     def _prune_until_short(self, prune_batch: Callable[[], int]) -> int:
         total = 0

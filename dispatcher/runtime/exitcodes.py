@@ -11,6 +11,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2                   # bad command-line input
     CONFIG = 2                  # bad configuration: same family as usage, per the CLI contract
     DATABASE_UNAVAILABLE = 3    # could not reach the database at boot
+    INCOMPLETE = 3              # a rollout gate lacks evidence to judge (an unreachable database is one case)
     WORKER_BOOT_FAILED = 4      # a worker could not boot; the supervisor halts instead of looping
     WORKER_FAILED = 5           # a worker died of an unexpected error after booting
     SCHEMA_OUTDATED = 6         # the database is reachable but not migrated

@@ -390,6 +390,33 @@ SELECT (SELECT count(*) FROM (
          WHERE s.state <> 'closed') AS held_rows,
        (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
 
+-- name: engine_record_backlog
+-- The round's backlog figures, kept for the rollout gates (migration 0016),
+-- and the backlog alert's episode: opened by the first round that fires it,
+-- closed by the first round that finds it clear, whichever process holds the
+-- lease then (alert_episodes_open admits one open episode).
+WITH sample AS (
+    INSERT INTO backlog_samples (oldest_age, overdue_rows, held_rows, alerting)
+    VALUES (%(oldest_age)s, %(overdue_rows)s, %(held_rows)s, %(alerting)s)
+), opened AS (
+    INSERT INTO alert_episodes (alert, detail)
+    SELECT 'backlog', %(detail)s WHERE %(alerting)s
+    ON CONFLICT (alert) WHERE cleared_at IS NULL DO NOTHING
+    RETURNING id
+), cleared AS (
+    UPDATE alert_episodes SET cleared_at = now()
+     WHERE alert = 'backlog' AND cleared_at IS NULL AND NOT %(alerting)s
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM opened) AS opened, (SELECT count(*) FROM cleared) AS cleared;
+
+-- name: engine_prune_gate_evidence
+-- Samples, and alert episodes that cleared, longer ago than the gates read (a
+-- round adds one sample, so each run deletes about as many).  An open
+-- episode stays however old it is.
+DELETE FROM backlog_samples WHERE taken_at < now() - make_interval(secs => %(older_than)s);
+DELETE FROM alert_episodes WHERE cleared_at < now() - make_interval(secs => %(older_than)s);
+
 -- name: engine_open_breakers
 -- Breakers to publish as webhook_breaker_open: every open or half-open one
 -- (1), and those that opened within the last day but are closed again (0), so

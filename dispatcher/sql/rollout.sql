@@ -44,22 +44,81 @@ SELECT count(*) AS workspaces,
 -- Rows still draining, by mode (served by webhook_deliveries_pending_age).
 SELECT mode, count(*) AS pending FROM webhook_deliveries WHERE status = 'pending' GROUP BY mode ORDER BY mode;
 
--- name: gate_phase0
--- Dry-run backlog age: a shadow row's creation to the dispatcher marking it
--- (finished_at). A row not marked yet counts with its age so far, so a
--- stopped dispatcher cannot pass the gate.
-SELECT count(*) AS rows,
+-- name: gate_backlog_samples
+-- The upkeep leader's backlog age, one sample per round (migration 0016);
+-- NULL (nothing was due) is an age of 0, as the gauge sends it.
+SELECT taken_at, coalesce(oldest_age, 0) AS age
+  FROM backlog_samples
+ WHERE taken_at >= %(since)s AND taken_at <= %(until)s
+ ORDER BY taken_at;
+
+-- name: gate_alert_counts
+-- Backlog alert episodes that fired in the window and in the stretch before it.
+SELECT count(*) FILTER (WHERE fired_at >= %(since)s) AS in_window,
+       count(*) FILTER (WHERE fired_at < %(since)s) AS before
+  FROM alert_episodes
+ WHERE alert = 'backlog' AND fired_at >= %(before)s AND fired_at < %(until)s;
+
+-- name: gate_shadow_hours
+-- Phase 0's shadow rows created in the window, per hour of it (hour k is
+-- [since + k h, since + k h + 1 h)): how many, how many are still unmarked,
+-- and the longest wait from creation to being marked; a row not marked yet
+-- counts with its age so far, so a stopped dispatcher cannot pass.
+SELECT floor(extract(epoch FROM created_at - %(since)s) / 3600)::int AS hour,
+       count(*) AS rows,
        count(*) FILTER (WHERE status = 'pending') AS unmarked,
-       percentile_cont(0.99) WITHIN GROUP (
-           ORDER BY extract(epoch FROM coalesce(finished_at, now()) - created_at)) AS p99_seconds
+       max(extract(epoch FROM coalesce(finished_at, now()) - created_at))::float8 AS longest_wait
   FROM webhook_deliveries
- WHERE mode = 'shadow' AND created_at >= %(since)s
-   AND (%(workspaces)s::text[] IS NULL OR workspace_id = ANY (%(workspaces)s::text[]));
+ WHERE mode = 'shadow' AND created_at >= %(since)s AND created_at < %(until)s
+ GROUP BY 1
+ ORDER BY 1;
+
+-- name: gate_rollout_state
+-- The percentage, since when it holds, and how many workspaces the rule
+-- keeps off the outbox all the same (an explicit flag off, the exclude list).
+SELECT p.percent, p.updated_at,
+       (SELECT count(*) FROM workspaces w
+          LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+         WHERE NOT webhook_outbox_on(w.flags -> 'webhook_outbox', r.list, p.percent, rollout_bucket(w.id)))
+           AS workspaces_off
+  FROM rollout_settings p;
+
+-- name: gate_include_list
+SELECT workspace_id FROM rollout_workspaces WHERE list = 'include' ORDER BY workspace_id;
+
+-- name: gate_phase1_workspaces
+-- Each named workspace: on the outbox now, and its events of the window
+-- queued on the outbox (a live row) or sent by the synchronous path (shadow
+-- rows and no live row: the flag was off when it was sent).
+SELECT i.id AS workspace_id, w.id IS NOT NULL AS known,
+       coalesce(webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
+                                  (SELECT percent FROM rollout_settings), rollout_bucket(w.id)), false) AS on_outbox,
+       coalesce(f.outbox_events, 0) AS outbox_events,
+       coalesce(f.synchronous_events, 0) AS synchronous_events,
+       f.last_synchronous
+  FROM unnest(%(workspaces)s::text[]) AS i(id)
+  LEFT JOIN workspaces w ON w.id = i.id
+  LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+  LEFT JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE e.live) AS outbox_events,
+               count(*) FILTER (WHERE e.shadow AND NOT e.live) AS synchronous_events,
+               max(e.created_at) FILTER (WHERE e.shadow AND NOT e.live) AS last_synchronous
+          FROM (SELECT ev.created_at,
+                       EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.workspace_id = ev.workspace_id
+                                  AND d.event_id = ev.id AND d.mode = 'live') AS live,
+                       EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.workspace_id = ev.workspace_id
+                                  AND d.event_id = ev.id AND d.mode = 'shadow') AS shadow
+                  FROM events ev
+                 WHERE ev.workspace_id = i.id AND ev.created_at >= %(since)s AND ev.created_at < %(until)s) e
+       ) f ON true
+ ORDER BY i.id;
 
 -- name: gate_phase1_missing
 -- Events of the given workspaces queued for at least one endpoint (a live
--- row) that the test receiver never got.
-SELECT e.id, e.workspace_id, e.type, e.created_at
+-- row) that the test receiver never got, with their live rows' statuses.
+SELECT e.id, e.workspace_id, e.type, e.created_at,
+       (SELECT array_agg(DISTINCT d.status ORDER BY d.status) FROM webhook_deliveries d
+         WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live') AS statuses
   FROM events e
   LEFT JOIN unnest(%(received)s::text[]) AS r(id) ON r.id = e.id
  WHERE e.workspace_id = ANY (%(workspaces)s::text[])
@@ -68,13 +127,6 @@ SELECT e.id, e.workspace_id, e.type, e.created_at
    AND EXISTS (SELECT 1 FROM webhook_deliveries d
                 WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live')
  ORDER BY e.created_at, e.id;
-
--- name: gate_phase1_checked
-SELECT count(*) FROM events e
- WHERE e.workspace_id = ANY (%(workspaces)s::text[])
-   AND e.created_at >= %(since)s AND e.created_at < %(until)s
-   AND EXISTS (SELECT 1 FROM webhook_deliveries d
-                WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live');
 
 -- name: gate_phase2
 -- docs/rollout.md defines these. Base: live, non-replay rows created in the
@@ -91,9 +143,9 @@ SELECT count(*) AS deliveries,
   FROM webhook_deliveries d
   JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
   LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id
- WHERE d.mode = 'live' AND d.replay_of IS NULL AND d.created_at >= %(since)s
+ WHERE d.mode = 'live' AND d.replay_of IS NULL AND d.created_at >= %(since)s AND d.created_at < %(until)s
    AND NOT (ev.type = ANY (%(single_attempt_types)s::text[]))
-   AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]));
+   AND d.workspace_id = ANY (%(workspaces)s::text[]);
 
 -- name: gate_phase2_duplicates
 -- Sends the system knows were duplicates: a 2xx for an (event, endpoint)
@@ -102,21 +154,7 @@ SELECT coalesce(sum(n - 1), 0) AS duplicates, count(*) AS events
   FROM (SELECT d.workspace_id, d.event_id, d.endpoint_id, count(*) AS n
           FROM webhook_deliveries d
           JOIN webhook_delivery_attempts a ON a.delivery_id = d.id AND a.result = 'delivered'
-         WHERE d.mode = 'live' AND d.created_at >= %(since)s
-           AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]))
+         WHERE d.mode = 'live' AND d.created_at >= %(since)s AND d.created_at < %(until)s
+           AND d.workspace_id = ANY (%(workspaces)s::text[])
          GROUP BY d.workspace_id, d.event_id, d.endpoint_id
         HAVING count(*) > 1) dup;
-
--- name: gate_phase3
--- Backlog age: a live row falling due (its creation: new and replay rows
--- are due at once) to its first attempt. A row not attempted yet counts with
--- its age so far.
-SELECT count(*) AS rows,
-       count(*) FILTER (WHERE a.first IS NULL) AS unattempted,
-       percentile_cont(0.99) WITHIN GROUP (
-           ORDER BY extract(epoch FROM coalesce(a.first, now()) - d.created_at)) AS p99_seconds
-  FROM webhook_deliveries d
-  LEFT JOIN LATERAL (SELECT min(t.started_at) AS first FROM webhook_delivery_attempts t
-                      WHERE t.delivery_id = d.id AND t.attempt = 1) a ON true
- WHERE d.mode = 'live' AND d.created_at >= %(since)s
-   AND (%(workspaces)s::text[] IS NULL OR d.workspace_id = ANY (%(workspaces)s::text[]));

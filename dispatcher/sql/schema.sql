@@ -221,6 +221,26 @@ CREATE TABLE endpoint_leases (
     CONSTRAINT endpoint_leases_leased_check CHECK ((leased >= 0))
 ) WITH (fillfactor=70);
 
+CREATE TABLE backlog_samples (
+    id           bigint GENERATED ALWAYS AS IDENTITY,
+    taken_at     timestamp with time zone DEFAULT now() NOT NULL,
+    oldest_age   double precision,
+    overdue_rows integer NOT NULL,
+    held_rows    integer NOT NULL,
+    alerting     boolean NOT NULL,
+    CONSTRAINT backlog_samples_pkey PRIMARY KEY (id)
+);
+
+CREATE TABLE alert_episodes (
+    id         bigint GENERATED ALWAYS AS IDENTITY,
+    alert      text NOT NULL,
+    fired_at   timestamp with time zone DEFAULT now() NOT NULL,
+    cleared_at timestamp with time zone,
+    detail     text NOT NULL,
+    CONSTRAINT alert_episodes_pkey PRIMARY KEY (id),
+    CONSTRAINT alert_episodes_alert_check CHECK ((alert = 'backlog'::text))
+);
+
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
 CREATE INDEX webhook_endpoints_workspace ON public.webhook_endpoints USING btree (workspace_id) WHERE active;
@@ -258,6 +278,12 @@ CREATE INDEX webhook_delivery_attempts_endpoint ON public.webhook_delivery_attem
 CREATE UNIQUE INDEX webhook_endpoints_operational ON public.webhook_endpoints USING btree (workspace_id) WHERE (purpose = 'operational'::text);
 
 CREATE INDEX breaker_notices_due ON public.breaker_notices USING btree (next_attempt_at) WHERE (sent_at IS NULL);
+
+CREATE INDEX backlog_samples_taken ON public.backlog_samples USING btree (taken_at);
+
+CREATE UNIQUE INDEX alert_episodes_open ON public.alert_episodes USING btree (alert) WHERE (cleared_at IS NULL);
+
+CREATE INDEX alert_episodes_fired ON public.alert_episodes USING btree (fired_at);
 
 CREATE OR REPLACE FUNCTION public.webhook_endpoints_limit()
  RETURNS trigger

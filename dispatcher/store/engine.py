@@ -442,6 +442,21 @@ class EngineStore:
             (row,) = named_rows(cur)
             return backlog_figures(row)
 
+    def record_backlog(self, figures: BacklogFigures, breaches: Sequence[str]) -> tuple[int, int]:
+        """Keep the round's figures and open or close the backlog alert's episode;
+        returns (episodes opened, episodes closed) by this round."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_record_backlog"], {
+                "oldest_age": figures.oldest_age, "overdue_rows": figures.overdue_rows,
+                "held_rows": figures.held_rows, "alerting": bool(breaches), "detail": "; ".join(breaches)})
+            (row,) = named_rows(cur)
+            return int(row["opened"]), int(row["cleared"])
+
+    def prune_gate_evidence(self, older_than: float) -> None:
+        """Delete backlog samples and closed alert episodes older than ``older_than`` seconds."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_prune_gate_evidence"], {"older_than": older_than})
+
     def open_breakers(self) -> list[tuple[int, str]]:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_open_breakers"])

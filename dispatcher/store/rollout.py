@@ -1,16 +1,28 @@
-"""Rollout controls and gate figures (queries in ``sql/rollout.sql``).
+"""Rollout controls and the rollout gates' evidence (queries in ``sql/rollout.sql``).
 
 Each function owns its transaction (``store.transaction``: a refused
 statement raises the store error it means); rows come back as dicts keyed by
-column name.  Writes naming workspaces check them all first and change
-nothing if one is unknown.
+column name, the gates' evidence as the dataclasses ``dispatcher.rules.gates``
+judges.  Writes naming workspaces check them all first and change nothing if
+one is unknown.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
+from dispatcher.rules.gates import (
+    AlertCounts,
+    BacklogSamples,
+    LostEvent,
+    RetryFigures,
+    RolloutState,
+    ShadowRows,
+    Window,
+    WorkspaceRun,
+)
 from dispatcher.store import Connection, NotFound, query_rows, transaction
 
 Row = dict[str, Any]
@@ -56,9 +68,74 @@ def clear_outbox_flag(conn: Connection, workspace_id: str) -> None:
             raise NotFound(f"workspace {workspace_id!r} does not exist")
 
 
-def gate_figures(conn: Connection, name: str, params: Mapping[str, Any]) -> list[Row]:
-    """One gate query (``gate_*`` in sql/rollout.sql), read-only."""
-    if not name.startswith("gate_"):
-        raise ValueError(f"{name!r} is not a gate query")
+# ---------------------------------------------------------------- the gates' evidence (dispatcher/rules/gates.py)
+
+
+def backlog_samples(conn: Connection, window: Window, max_gap: timedelta) -> BacklogSamples:
+    """The upkeep leader's backlog age samples taken in ``window``."""
     with transaction(conn):
-        return query_rows(conn, name, params)
+        rows = query_rows(conn, "gate_backlog_samples", {"since": window.since, "until": window.until})
+    return BacklogSamples(tuple(r["taken_at"] for r in rows), tuple(float(r["age"]) for r in rows), max_gap)
+
+
+def alert_counts(conn: Connection, window: Window) -> AlertCounts:
+    """Backlog alerts fired in ``window`` and in the stretch of the same length before it."""
+    with transaction(conn):
+        (row,) = query_rows(conn, "gate_alert_counts", {"since": window.since, "until": window.until,
+                                                        "before": window.before().since})
+    return AlertCounts(int(row["in_window"]), int(row["before"]))
+
+
+def shadow_rows(conn: Connection, window: Window) -> ShadowRows:
+    with transaction(conn):
+        rows = query_rows(conn, "gate_shadow_hours", {"since": window.since, "until": window.until})
+    waits = [float(r["longest_wait"]) for r in rows if r["longest_wait"] is not None]
+    return ShadowRows(rows=sum(int(r["rows"]) for r in rows), unmarked=sum(int(r["unmarked"]) for r in rows),
+                      longest_wait=max(waits, default=None), hours=frozenset(int(r["hour"]) for r in rows))
+
+
+def rollout_state(conn: Connection) -> RolloutState:
+    with transaction(conn):
+        (row,) = query_rows(conn, "gate_rollout_state")
+    return RolloutState(int(row["percent"]), row["updated_at"], int(row["workspaces_off"]))
+
+
+def include_list(conn: Connection) -> list[str]:
+    """The workspaces on the include list: phase 2's beta workspaces unless the operator names them."""
+    with transaction(conn):
+        return [row["workspace_id"] for row in query_rows(conn, "gate_include_list")]
+
+
+def workspace_runs(conn: Connection, window: Window, workspace_ids: Sequence[str]) -> list[WorkspaceRun]:
+    """Phase 1: each workspace's events of the window, by the path they took; NotFound names unknown ones."""
+    with transaction(conn):
+        rows = query_rows(conn, "gate_phase1_workspaces", {"workspaces": sorted(set(workspace_ids)),
+                                                           "since": window.since, "until": window.until})
+    unknown = [row["workspace_id"] for row in rows if not row["known"]]
+    if unknown:
+        raise NotFound(f"unknown workspace(s): {', '.join(unknown)}")
+    return [WorkspaceRun(row["workspace_id"], bool(row["on_outbox"]), int(row["outbox_events"]),
+                         int(row["synchronous_events"]), row["last_synchronous"]) for row in rows]
+
+
+def lost_events(conn: Connection, window: Window, workspace_ids: Sequence[str],
+                received: Sequence[str]) -> list[LostEvent]:
+    """Phase 1: events queued on the outbox in ``window`` whose id is not in ``received``."""
+    with transaction(conn):
+        rows = query_rows(conn, "gate_phase1_missing", {"workspaces": list(workspace_ids), "received": list(received),
+                                                        "since": window.since, "until": window.until})
+    return [LostEvent(row["id"], row["workspace_id"], row["type"], row["created_at"], tuple(row["statuses"] or ()))
+            for row in rows]
+
+
+def retry_figures(conn: Connection, window: Window, workspace_ids: Sequence[str],
+                  single_attempt_types: Sequence[str]) -> RetryFigures:
+    """Phase 2's figures for the given workspaces; NotFound names unknown ones."""
+    params = {"workspaces": list(workspace_ids), "since": window.since, "until": window.until,
+              "single_attempt_types": list(single_attempt_types)}
+    with transaction(conn):
+        _require_known(conn, workspace_ids)
+        (row,) = query_rows(conn, "gate_phase2", params)
+        (dup,) = query_rows(conn, "gate_phase2_duplicates", params)
+    return RetryFigures(tuple(workspace_ids), int(row["deliveries"]), int(row["never_retried"]),
+                        int(dup["duplicates"]), int(dup["events"]), tuple(single_attempt_types))

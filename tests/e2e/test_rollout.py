@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -347,78 +348,320 @@ class Seed:
             SELECT id, %(ep)s, 1, created_at + make_interval(secs => %(after)s), 10, 'delivered', 200 FROM d
             """, {"rows": rows, "ep": self.endpoint, "after": first_attempt_after_s})
 
+    def shadow_hourly(self, hours: int, wait_s: float = 0.8) -> None:
+        """A shadow row marked after ``wait_s`` 30 s before each of the last ``hours`` + 1 whole hours."""
+        sql(self.db, """
+            WITH ev AS (
+                INSERT INTO events (id, workspace_id, type, sequence, payload, created_at)
+                SELECT 'shadow-' || g, 'ws', 'job.created', 2000000 + g, '{}',
+                       now() - make_interval(secs => g * 3600 + 30)
+                  FROM generate_series(0, %(hours)s) g RETURNING id, created_at
+            )
+            INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, mode, attempt,
+                                            created_at, finished_at)
+            SELECT 'ws', %(ep)s, id, 'h', 'delivered', 'shadow', 1, created_at,
+                   created_at + make_interval(secs => %(wait)s) FROM ev
+            """, {"hours": hours, "ep": self.endpoint, "wait": wait_s})
+
 
 @pytest.fixture
 def seed(db: Database) -> Seed:
     return Seed(db)
 
 
+def samples(db: Database, hours: float, step_s: float = 10.0, age: float | None = 0.5,
+            skip: tuple[float, float] | None = None) -> None:
+    """The upkeep leader's backlog samples, one every ``step_s`` from ``hours`` ago to now, none
+    between ``skip`` = (from, to) hours ago."""
+    low, high = (skip[0] * 3600, skip[1] * 3600) if skip else (-1.0, -1.0)
+    sql(db, """
+        INSERT INTO backlog_samples (taken_at, oldest_age, overdue_rows, held_rows, alerting)
+        SELECT now() - make_interval(secs => g * %(step)s), %(age)s, 0, 0, false
+          FROM generate_series(0, ceil(%(hours)s * 3600 / %(step)s)::int) g
+         WHERE NOT (g * %(step)s > %(low)s AND g * %(step)s < %(high)s)
+        """, {"hours": hours, "step": step_s, "age": age, "low": low, "high": high})
+
+
+def alerts(db: Database, *days_ago: float) -> None:
+    for days in days_ago:
+        sql(db, "INSERT INTO alert_episodes (alert, fired_at, cleared_at, detail) VALUES ('backlog', "
+                "now() - make_interval(secs => %(s)s), now() - make_interval(secs => %(s)s - 600), 'seeded')",
+            {"s": days * 86400})
+
+
+BUCKET = "webhook_producer_outbox_write_seconds_bucket"
+
+
+def prometheus_export(path: Path, hours: float = 72.2, under_2ms: float = 0.995, kind: str = "matrix") -> Path:
+    """A /api/v1/query_range answer: the cumulative buckets every 5 minutes up to now, 1,000
+    observations a step, ``under_2ms`` of them at most 2 ms."""
+    now = time.time()
+    steps = int(hours * 12)
+    times = [now - (steps - n) * 300 for n in range(steps + 1)]
+    shares = {"0.001": 0.5, "0.002": under_2ms, "0.005": 1.0, "+Inf": 1.0}
+    result = [{"metric": {"__name__": BUCKET, "le": le, "region": "test"},
+               "values": [[t, str(n * 1000 * share)] for n, t in enumerate(times)]} for le, share in shares.items()]
+    if kind == "vector":
+        result = [{"metric": r["metric"], "value": r["values"][-1]} for r in result]
+    path.write_text(json.dumps({"status": "success", "data": {"resultType": kind, "result": result}}))
+    return path
+
+
+def exporter_dump(path: Path, started_hours_ago: float, under_2ms: float = 0.995) -> Path:
+    """statsd_exporter's /metrics as curl saves it: counts since the exporter started."""
+    total = 100_000
+    lines = ["# HELP webhook_producer_outbox_write_seconds outbox write",
+             "# TYPE webhook_producer_outbox_write_seconds histogram"]
+    for le, share in (("0.001", 0.5), ("0.002", under_2ms), ("0.005", 1.0), ("+Inf", 1.0)):
+        lines.append(f'{BUCKET}{{region="test",le="{le}"}} {int(total * share)}')
+    lines += [f'webhook_producer_outbox_write_seconds_sum{{region="test"}} {total * 0.001}',
+              f'webhook_producer_outbox_write_seconds_count{{region="test"}} {total}',
+              "# TYPE process_start_time_seconds gauge",
+              f"process_start_time_seconds {time.time() - started_hours_ago * 3600:.2f}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def gate(config: Path, *args: str | Path) -> tuple[int, dict[str, Any]]:
-    result = cli("-c", config, "gate", *args, "--json")
+    """The gate's JSON report; its window ends now, as the test runs it, not when the subprocess gets going."""
+    until = () if "--until" in args else ("--until", datetime.now(UTC).isoformat())
+    result = cli("-c", config, "gate", *args, *until, "--json")
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout)
 
 
-class TestGates:
-    def test_phase0(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
+def results(report: dict[str, Any]) -> dict[str, str]:
+    return {c["name"]: c["result"] for c in report["criteria"]}
+
+
+class TestPhase0Gate:
+    def evidence(self, db: Database, seed: Seed) -> None:
+        samples(db, 72.1)
+        seed.shadow_hourly(72)
+
+    def test_72_hours_of_evidence_pass(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                       tmp_path: Path) -> None:
+        self.evidence(db, seed)
+        code, report = gate(write_config(db), "phase0", "--producer-timings", prometheus_export(tmp_path / "p.json"))
+        assert (code, report["verdict"], report["missing"]) == (0, "pass", [])
+        found = {c["name"]: c["value"] for c in report["criteria"]}
+        assert found["dry_run_backlog_max"] == pytest.approx(0.8)
+        assert 0.001 < found["producer_p99"] < 0.002
+        assert report["details"]["shadow_rows"] == 72
+
+    def test_a_statsd_exporter_dump_is_read_too(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                                tmp_path: Path) -> None:
+        self.evidence(db, seed)
         config = write_config(db)
-        for _ in range(20):
-            seed.row(mode="shadow", finished_after_s=0.8)
-        code, report = gate(config, "phase0")
-        assert (code, report["passed"], report["value"]) == (0, True, 0.8)
-        seed.row(mode="shadow", status="pending", finished_after_s=None, age_s=30)  # never marked: 30 s and counting
-        code, report = gate(config, "phase0")
-        assert (code, report["passed"]) == (ExitCode.FAILURE, False) and report["value"] > 5
-        assert report["details"]["unmarked"] == 1
+        code, report = gate(config, "phase0", "--producer-timings", exporter_dump(tmp_path / "m.txt", 80))
+        assert (code, report["verdict"]) == (0, "pass"), report["missing"]
+        code, report = gate(config, "phase0", "--producer-timings",
+                            exporter_dump(tmp_path / "slow.txt", 80, under_2ms=0.98))
+        assert (code, results(report)["producer_p99"]) == (ExitCode.FAILURE, "fail")
+        code, report = gate(config, "phase0", "--producer-timings", exporter_dump(tmp_path / "young.txt", 10))
+        assert (code, results(report)["producer_p99"]) == (ExitCode.INCOMPLETE, "incomplete")
+        assert "after the window's start" in report["missing"][0]
 
-    def test_phase0_without_data_fails(self, db: Database, write_config: WriteConfig) -> None:
-        code, report = gate(write_config(db), "phase0")
-        assert (code, report["passed"], report["value"]) == (ExitCode.FAILURE, False, None)
+    def test_one_shadow_row_a_minute_old_is_incomplete(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                                        tmp_path: Path) -> None:
+        seed.row(mode="shadow", finished_after_s=0.5)
+        code, report = gate(write_config(db), "phase0", "--producer-timings", prometheus_export(tmp_path / "p.json"))
+        assert (code, report["verdict"], report["passed"]) == (ExitCode.INCOMPLETE, "incomplete", False)
+        assert results(report) == {"window": "pass", "producer_p99": "pass", "dry_run_backlog_max": "incomplete"}
+        assert any(line.startswith("backlog samples: nothing from") for line in report["missing"])
+        assert any(line.startswith("shadow rows: none written from") for line in report["missing"])
 
-    def test_phase1(self, db: Database, write_config: WriteConfig, seed: Seed, tmp_path: Path) -> None:
+    def test_without_producer_timings_it_is_incomplete(self, db: Database, write_config: WriteConfig,
+                                                        seed: Seed) -> None:
+        self.evidence(db, seed)
+        result = cli("-c", write_config(db), "gate", "phase0")
+        assert result.returncode == ExitCode.INCOMPLETE, result.stderr
+        assert "gate phase0: INCOMPLETE" in result.stdout
+        assert "missing: producer timings: no --producer-timings FILE given" in result.stdout
+
+    @pytest.mark.parametrize(("content", "words"), [
+        (None, "cannot read it"),
+        ("{not json", "not JSON"),
+        ('{"status": "error", "error": "query timed out"}', "query timed out"),
+        ('{"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}', "a scalar result"),
+        ("webhook_producer_outbox_write_seconds{quantile=\"0.99\"} 0.001\n", "is a summary here"),
+    ])
+    def test_an_unusable_export_is_incomplete_and_named(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                                        tmp_path: Path, content: str | None, words: str) -> None:
+        self.evidence(db, seed)
+        path = tmp_path / "export"
+        if content is not None:
+            path.write_text(content)
+        code, report = gate(write_config(db), "phase0", "--producer-timings", path)
+        assert code == ExitCode.INCOMPLETE
+        assert report["missing"][0].startswith(f"producer timings: {path}: ") and words in report["missing"][0]
+
+    def test_an_instant_vector_cannot_show_72_hours(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                                    tmp_path: Path) -> None:
+        self.evidence(db, seed)
+        code, report = gate(write_config(db), "phase0", "--producer-timings",
+                            prometheus_export(tmp_path / "v.json", kind="vector"))
+        assert (code, results(report)["producer_p99"]) == (ExitCode.INCOMPLETE, "incomplete")
+
+    def test_an_unmarked_shadow_row_fails(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                          tmp_path: Path) -> None:
+        self.evidence(db, seed)
+        seed.row(mode="shadow", status="pending", finished_after_s=None, age_s=30)   # 30 s and counting
+        code, report = gate(write_config(db), "phase0", "--producer-timings", prometheus_export(tmp_path / "p.json"))
+        assert (code, results(report)["dry_run_backlog_max"]) == (ExitCode.FAILURE, "fail")
+        assert report["details"]["shadow_unmarked"] == 1
+
+    def test_a_sampled_backlog_peak_fails_and_a_sampling_gap_is_incomplete(
+            self, db: Database, write_config: WriteConfig, seed: Seed, tmp_path: Path) -> None:
+        samples(db, 72.1, skip=(30, 31))
+        seed.shadow_hourly(72)
+        config = write_config(db)
+        timings = prometheus_export(tmp_path / "p.json")
+        code, report = gate(config, "phase0", "--producer-timings", timings)
+        assert (code, results(report)["dry_run_backlog_max"]) == (ExitCode.INCOMPLETE, "incomplete")
+        assert len(report["missing"]) == 1 and report["missing"][0].startswith("backlog samples: nothing from")
+        sql(db, "INSERT INTO backlog_samples (taken_at, oldest_age, overdue_rows, held_rows, alerting) "
+                "VALUES (now() - interval '2 hours', 5.0, 0, 0, false)")
+        code, report = gate(config, "phase0", "--producer-timings", timings)
+        assert (code, results(report)["dry_run_backlog_max"]) == (ExitCode.FAILURE, "fail")
+
+    def test_a_window_shorter_than_72_hours_is_incomplete(self, db: Database, write_config: WriteConfig,
+                                                          seed: Seed, tmp_path: Path) -> None:
+        self.evidence(db, seed)
+        code, report = gate(write_config(db), "phase0", "--since", "71h",
+                            "--producer-timings", prometheus_export(tmp_path / "p.json"))
+        assert (code, results(report)["window"]) == (ExitCode.INCOMPLETE, "incomplete")
+        assert report["missing"][0].startswith("window: 2 d 23 h")
+
+    def test_options_of_other_phases_are_refused(self, db: Database, write_config: WriteConfig,
+                                                 tmp_path: Path) -> None:
+        config = write_config(db)
+        assert_one_line_error(cli("-c", config, "gate", "phase0", "--received", tmp_path / "ids.txt"),
+                              ExitCode.USAGE, "--received", "phase1")
+        assert_one_line_error(cli("-c", config, "gate", "phase3", "--workspace", "ws"),
+                              ExitCode.USAGE, "--workspace", "phase1 and phase2")
+        assert_one_line_error(cli("-c", config, "gate", "phase0", "--since", "2026-09-22T12:00",
+                                  "--until", "2026-09-22T12:00"),
+                              ExitCode.USAGE, "window is empty")
+
+
+class TestPhase1Gate:
+    def test_every_event_received(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                  tmp_path: Path) -> None:
         config = write_config(db)
         for _ in range(3):
             seed.row()
         received = tmp_path / "received.txt"
         received.write_text("e1\ne2\ne3\nsomething-else\n")
         code, report = gate(config, "phase1", "--workspace", "ws", "--received", received)
-        assert (code, report["passed"], report["value"]) == (0, True, 0)
+        assert (code, report["verdict"], report["details"]["events_checked"]) == (0, "pass", 3)
         received.write_text("e1\n")
         code, report = gate(config, "phase1", "--workspace", "ws", "--received", received)
-        assert (code, report["value"]) == (ExitCode.FAILURE, 2)
-        assert [m["event_id"] for m in report["details"]["missing"]] == ["e2", "e3"]
+        assert (code, report["criteria"][1]["value"]) == (ExitCode.FAILURE, 2)
+        assert [m["event_id"] for m in report["details"]["missing_events"]] == ["e2", "e3"]
         text = cli("-c", config, "gate", "phase1", "--workspace", "ws", "--received", received).stdout
-        assert "missing: e2" in text and "missing: e3" in text and "FAIL" in text
-        assert_one_line_error(cli("-c", config, "gate", "phase1", "--workspace", "ws", "--received",
-                                  tmp_path / "absent.txt"), ExitCode.USAGE, "absent.txt")
+        assert "lost: e2" in text and "lost: e3 workspace=ws type=job.created" in text and "FAIL" in text
 
-    def test_phase2(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
+    def test_missing_or_unreadable_receiver_list_is_incomplete(self, db: Database, write_config: WriteConfig,
+                                                               seed: Seed, tmp_path: Path) -> None:
+        config = write_config(db)
+        seed.row()
+        code, report = gate(config, "phase1", "--workspace", "ws")
+        assert code == ExitCode.INCOMPLETE and report["missing"] == [
+            "received ids: no --received FILE given (the test receiver's event ids, one per line)"]
+        code, report = gate(config, "phase1", "--workspace", "ws", "--received", tmp_path / "absent.txt")
+        assert code == ExitCode.INCOMPLETE and "absent.txt" in report["missing"][0]
+
+    def test_a_week_not_all_on_the_outbox_is_incomplete(self, db: Database, write_config: WriteConfig, seed: Seed,
+                                                        tmp_path: Path) -> None:
+        config = write_config(db)
+        seed.row()
+        seed.row(mode="shadow", age_s=3 * 86400)   # the flag was off three days ago: a synchronous send
+        received = tmp_path / "received.txt"
+        received.write_text("e1\n")
+        code, report = gate(config, "phase1", "--workspace", "ws", "--received", received)
+        assert code == ExitCode.INCOMPLETE
+        assert report["missing"][0].startswith("workspace ws: 1 event(s) of the window went the synchronous path")
+        code, report = gate(config, "phase1", "--workspace", "ws", "--received", received, "--since", "2d")
+        assert code == ExitCode.INCOMPLETE and report["missing"][0].startswith("window: 2 d from")
+
+    def test_an_unknown_workspace_is_bad_input(self, db: Database, write_config: WriteConfig,
+                                               tmp_path: Path) -> None:
+        config = write_config(db)
+        assert_one_line_error(cli("-c", config, "gate", "phase1", "--workspace", "nope", "--received",
+                                  tmp_path / "ids.txt"), ExitCode.USAGE, "nope")
+        assert_one_line_error(cli("-c", config, "gate", "phase1"), ExitCode.USAGE, "--workspace")
+
+
+class TestPhase2Gate:
+    def test_rate_for_the_beta_workspaces(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
         config = write_config(db, retry={"policies": {"technician.location": {"max_attempts": 1}}})
         seed.bulk(2000)
         seed.row(status="dead", attempt=1, type_="technician.location")  # one attempt is its policy
         retried = seed.row(status="dead", attempt=1)
         seed.row(status="delivered", event_id=f"e{seed.n}", replay_of=retried)  # later replayed successfully
         code, report = gate(config, "phase2")
-        assert (code, report["passed"]) == (0, True), report
-        assert report["details"]["never_retried"] == 0
-        assert report["details"]["duplicate_sends"] == 0
+        assert (code, report["missing"]) == (ExitCode.INCOMPLETE, [
+            "beta workspaces: none (the include list is empty and no --workspace was given)",
+            f"deliveries: 0 in the window; fewer than 2000 cannot show a rate under {0.0005:.2%}"])
+        sql(db, "INSERT INTO rollout_workspaces (workspace_id, list) VALUES ('ws', 'include')")
+        code, report = gate(config, "phase2")
+        assert (code, report["verdict"]) == (0, "pass"), report
+        assert report["details"]["never_retried"] == 0 and report["details"]["workspaces"] == ["ws"]
         seed.row(status="failed", attempt=1)
         seed.row(status="dead", attempt=0)
-        code, report = gate(config, "phase2")
-        assert (code, report["passed"], report["details"]["never_retried"]) == (ExitCode.FAILURE, False, 2)
+        code, report = gate(config, "phase2", "--workspace", "ws")
+        assert (code, report["verdict"], report["details"]["never_retried"]) == (ExitCode.FAILURE, "fail", 2)
 
-    def test_phase2_counts_duplicate_sends(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
+    def test_too_few_deliveries_are_incomplete(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
+        for _ in range(5):
+            seed.row()
+        code, report = gate(write_config(db), "phase2", "--workspace", "ws")
+        assert code == ExitCode.INCOMPLETE and report["missing"][0].startswith("deliveries: 5 in the window")
+
+    def test_duplicate_sends_are_reported(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
         first = seed.row()
         seed.row(event_id="e1", replay_of=first)  # a second 2xx for the same event and endpoint
-        code, report = gate(write_config(db), "phase2")
+        code, report = gate(write_config(db), "phase2", "--workspace", "ws")
         assert report["details"]["duplicate_sends"] == 1
 
-    def test_phase3(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
+
+class TestPhase3Gate:
+    def full_since(self, db: Database, days: float) -> None:
+        sql(db, "UPDATE rollout_settings SET percent = 100, updated_at = now() - make_interval(secs => %s)",
+            (days * 86400,))
+
+    def test_at_one_percent_it_fails(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
+        sql(db, "UPDATE rollout_settings SET percent = 1, updated_at = now() - interval '30 days'")
+        samples(db, 14.1 * 24, step_s=60)
+        code, report = gate(write_config(db), "phase3")
+        assert (code, report["passed"], results(report)["rollout_percent"]) == (ExitCode.FAILURE, False, "fail")
+
+    def test_a_week_at_100_percent_against_the_week_before(self, db: Database, write_config: WriteConfig) -> None:
         config = write_config(db)
-        seed.bulk(200, first_attempt_after_s=2)
+        self.full_since(db, 8)
+        samples(db, 14.1 * 24, step_s=60)
+        alerts(db, 1, 9, 10)
         code, report = gate(config, "phase3")
-        assert (code, report["passed"], report["value"]) == (0, True, 2.0)
-        for _ in range(5):
-            seed.row(first_attempt_after_s=40)
+        assert (code, report["verdict"]) == (0, "pass"), report["missing"]
+        assert [c["value"] for c in report["criteria"][2:]] == [0.5, 1]
+        alerts(db, 2, 3)
         code, report = gate(config, "phase3")
-        assert (code, report["passed"]) == (ExitCode.FAILURE, False) and report["value"] > 15
+        assert (code, results(report)["alert_volume"]) == (ExitCode.FAILURE, "fail")
+
+    def test_short_evidence_is_incomplete(self, db: Database, write_config: WriteConfig) -> None:
+        config = write_config(db)
+        self.full_since(db, 2)
+        samples(db, 7.1 * 24, step_s=60)   # recorded for the window only, not the week before
+        code, report = gate(config, "phase3")
+        assert code == ExitCode.INCOMPLETE
+        assert results(report) == {"window": "pass", "rollout_percent": "incomplete", "backlog_p99": "pass",
+                                   "alert_volume": "incomplete"}
+        assert report["missing"][0].startswith("rollout: at 100 % since")
+        assert report["missing"][1].startswith("alert recording, the stretch before: nothing from")
+
+    def test_a_slow_backlog_fails(self, db: Database, write_config: WriteConfig) -> None:
+        self.full_since(db, 8)
+        samples(db, 14.1 * 24, step_s=60, age=20.0)
+        code, report = gate(write_config(db), "phase3")
+        assert (code, results(report)["backlog_p99"]) == (ExitCode.FAILURE, "fail")

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from dispatcher.config import load_config
+from dispatcher.rules.gates import PRODUCER_P99_S
 from dispatcher.rules.health import BacklogRule
 from tests.support.metricsdoc import EMITTERS, documented, documented_names
 
@@ -115,6 +116,21 @@ def test_every_leader_gauge_expires_in_both_modes() -> None:
             plain = re.sub(r"<\w+>", "x42", plain)
             regex = next(m for m in mappings if m.get("match_type") == "regex" and re.fullmatch(m["match"], plain))
             assert "ttl" in regex, plain
+
+
+def test_the_producers_outbox_write_is_a_histogram_with_the_gates_bound_in_both_modes() -> None:
+    """`dispatcher gate phase0` computes the p99 from these buckets: without a bound at
+    2 ms the interpolation could not tell 1.9 ms from 2.4 ms."""
+    mappings = yaml.safe_load((PROMETHEUS / "statsd_mapping.yml").read_text())["mappings"]
+    name = "webhook_producer_outbox_write_seconds"
+    exact = next(m for m in mappings if m.get("match_type") != "regex" and m["match"] == name)
+    plain = "dispatcher.eu-west-1." + name
+    regex = next(m for m in mappings if m.get("match_type") == "regex" and re.fullmatch(m["match"], plain))
+    assert _map(plain, mappings) == (name, {"region": "eu-west-1"})
+    for mapping in (exact, regex):
+        buckets = mapping["histogram_options"]["buckets"]
+        assert mapping["observer_type"] == "histogram" and buckets == sorted(buckets)
+        assert PRODUCER_P99_S in buckets and min(buckets) < PRODUCER_P99_S / 2
 
 
 # ---------------------------------------------------------------- Grafana

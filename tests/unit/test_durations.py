@@ -11,10 +11,11 @@ import pytest
 
 from dispatcher.api import params
 from dispatcher.api.problems import Problem
-from dispatcher.cli.gate import parse_when
+from dispatcher.cli.gate import parse_when, window_of
 from dispatcher.config import ConfigError
 from dispatcher.config import parse_duration as config_duration
 from dispatcher.durations import DurationError, format_duration, parse_duration
+from dispatcher.rules.gates import Window
 from dispatcher.runtime.exitcodes import UsageError
 
 ACCEPTED = [("100ms", 0.1), ("250ms", 0.25), ("10s", 10.0), ("1.5s", 1.5), ("5m", 300.0), ("24h", 86400.0),
@@ -71,6 +72,16 @@ def test_gate_since_reads_a_duration_ago_or_an_iso_time() -> None:
 def test_gate_since_before_the_year_1_is_a_usage_error_not_a_crash() -> None:
     with pytest.raises(UsageError, match="before the year 1"):
         parse_when("99999999d", NOW)
+
+
+def test_gate_window_counts_since_back_from_until_and_defaults_to_the_rfcs() -> None:
+    assert window_of("phase0", None, None, NOW) == Window(NOW - timedelta(hours=72), NOW)
+    assert window_of("phase1", None, "1d", NOW) == Window(NOW - timedelta(days=8), NOW - timedelta(days=1))
+    assert window_of("phase3", "14d", "2026-11-30T00:00", NOW) == Window(
+        datetime(2026, 11, 16, tzinfo=UTC), datetime(2026, 11, 30, tzinfo=UTC))
+    assert window_of("phase2", "2026-11-01T00:00+01:00", None, NOW).since == datetime(2026, 10, 31, 23, tzinfo=UTC)
+    with pytest.raises(UsageError, match="the window is empty"):
+        window_of("phase0", "2026-11-30T00:00", "2026-11-29T00:00", NOW)
 
 
 def _window(query: str) -> int:
