@@ -29,10 +29,11 @@ from dispatcher.store.operations import Presence
 log = logging.getLogger("dispatcher.upkeep")
 
 SWEEP_BATCH = 1000
-# Batches per upkeep round, for each table pruned and for the sweep: with the default 5,000-row batch and a
-# 10 s round that is up to 50,000 rows/s of pruning capacity, far above the
-# 25 M/day (about 290/s) the outbox grows by, so a backlog of expired rows
-# (after an outage of the upkeep leader, say) is worked off within minutes.
+# Batches per upkeep round, for each table pruned and for the sweep: with the
+# default 5,000-row batch and a 10 s round that is up to 50,000 rows/s of
+# pruning capacity, far above the 25 M/day (about 290/s) the outbox grows by,
+# so a backlog of expired rows (after an outage of the upkeep leader, say) is
+# worked off within minutes.
 PRUNE_ROUNDS = 100
 # The leader lease: this many upkeep rounds, and never shorter than the floor.
 LEASE_ROUNDS = 3

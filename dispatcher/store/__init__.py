@@ -26,8 +26,9 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
-# Imported under another name: ``store.audit`` stays the module (``store.audit.list_audit``).
 from dispatcher.signing import check_strength
+
+# Imported under another name: ``store.audit`` stays the module (``store.audit.list_audit``).
 from dispatcher.store.audit import Audit
 from dispatcher.store.audit import audit as record_audit
 from dispatcher.store.errors import (
