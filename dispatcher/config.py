@@ -402,7 +402,8 @@ class RetryConfig:
     base: float = setting(_RETRY_DEFAULTS.base, parse_duration, "first retry gap; each later gap doubles")
     max_interval: float = setting(_RETRY_DEFAULTS.max_interval, parse_duration, "largest gap between two attempts")
     ceiling: float = setting(_RETRY_DEFAULTS.ceiling, parse_duration,
-                             "last attempt at most this long after creation, then dead")
+                             "last attempt at most this long after creation, then dead; behind an open "
+                             "breaker, once a probe after it fails")
     jitter: float = setting(_RETRY_DEFAULTS.jitter, lambda v: _fraction(v), "a gap is drawn from [gap*(1-jitter), gap]")
     policies: PolicyOverrides = setting((), _policy_overrides,
                                         "per event type overrides, e.g. max_attempts: 1", shown="{}")

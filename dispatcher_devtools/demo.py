@@ -26,6 +26,7 @@ from dispatcher.producer import Event, WebhookSender
 from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.runtime.entry import run_command
 from dispatcher.runtime.exitcodes import ExitCode, UsageError
+from dispatcher.signing import new_secret
 from dispatcher_devtools.receiver import ReceiverProcess, closed_port_url
 
 WORKSPACE = "demo"
@@ -50,8 +51,17 @@ def _check_config(config: Config) -> None:
                         "(http.require_https: false, http.allow_private_networks: true)")
 
 
-def _seed(conn: store.Connection, receiver: ReceiverProcess) -> dict[str, int]:
-    """A fresh demo workspace with five endpoints; returns name -> endpoint id."""
+ENDPOINTS = ("healthy-1", "healthy-2", "healthy-3", "flaky", "down")
+
+
+def endpoint_secrets() -> dict[str, str]:
+    """Each demo endpoint's own signing secret, made before the receiver starts so it can verify them all."""
+    return {name: new_secret() for name in ENDPOINTS}
+
+
+def seed(conn: store.Connection, receiver: ReceiverProcess, secrets: dict[str, str]) -> dict[str, int]:
+    """A fresh demo workspace with five endpoints, each signing with its secret of ``secrets``;
+    returns name -> endpoint id."""
     store.delete_workspace_endpoints(conn, WORKSPACE)
     store.create_workspace(conn, WORKSPACE, SECRET, {"webhook_outbox": True})
     urls = {
@@ -61,7 +71,7 @@ def _seed(conn: store.Connection, receiver: ReceiverProcess) -> dict[str, int]:
         "flaky": receiver.url("error", "flaky", rate=0.1, status=503),
         "down": closed_port_url(),
     }
-    return {name: store.add_endpoint(conn, WORKSPACE, url, []) for name, url in urls.items()}
+    return {name: store.add_endpoint(conn, WORKSPACE, url, [], secrets[name]) for name, url in urls.items()}
 
 
 def _counts(conn: store.Connection, endpoint_ids: list[int]) -> dict[str, int]:
@@ -98,8 +108,9 @@ def run_demo(config: Config, events: int, rate: float) -> int:
     conn = store.connect(dsn, config.database.connect_timeout, "dispatcher demo")
     applied = store.migrate(conn)
     print(f"[demo] database ready ({'migrated ' + str(applied) if applied else 'schema up to date'})", flush=True)
-    with ReceiverProcess(secrets=[SECRET]) as receiver:
-        ids = _seed(conn, receiver)
+    secrets = endpoint_secrets()
+    with ReceiverProcess(secrets=list(secrets.values())) as receiver:
+        ids = seed(conn, receiver, secrets)
         print(f"[demo] receiver on {receiver.base_url}; endpoints {ids}", flush=True)
         log_path = Path(config.database.embedded_dir).parent / "demo-dispatcher.log"
         dispatcher = _start_dispatcher(config, dsn, log_path)

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also send breaker notices as an operational webhook here (same URL policy as "
                                "endpoints)")
     endpoint = commands.add_parser("endpoint", help="manage endpoints").add_subparsers(dest="action", required=True)
-    add = endpoint.add_parser("add", help="register an endpoint; prints its id")
+    add = endpoint.add_parser("add", help="register an endpoint; prints its id, then its own signing secret (once)")
     add.add_argument("--workspace", required=True)
     add.add_argument("--url", required=True)
     add.add_argument("--events", type=_event_types, default=[], help="comma-separated types (default: all)")
@@ -182,9 +182,14 @@ def _set_workspace_contacts(config: Config, args: argparse.Namespace) -> int:
 def cmd_endpoint(config: Config, args: argparse.Namespace) -> int:
     if args.action != "add":
         return manage.run_endpoint_action(config, args, _connect(config), _registrable)
+    # Its own secret (docs/decisions.md, "Own secret per endpoint"), printed this once:
+    # the id on the first line, the secret on the second.
+    secret = new_secret()
     endpoint_id = store.add_endpoint(_connect(config), args.workspace, _registrable(config, args.url), args.events,
-                                     max_per_second=args.max_per_second, owner_contact=args.owner)
+                                     secret, max_per_second=args.max_per_second, owner_contact=args.owner)
     print(endpoint_id)
+    print(secret)
+    print(f"endpoint {endpoint_id} signs with its own secret (the second line), shown this once", file=sys.stderr)
     return ExitCode.OK
 
 

@@ -8,12 +8,12 @@ no leader ran a round lately), publishes the live-worker gauge, evaluates the
 backlog alert by the rule ``dispatcher check`` uses too
 (``dispatcher.rules.health.BacklogRule``) and keeps the round's figures and the
 alert's episodes in the database for the rollout gates (``backlog_samples``,
-``alert_episodes``), publishes the breaker gauges, sweeps
-rows whose retry window ran out while
-their endpoint's breaker was open (claims skip those rows, so nothing else
-would ever end them), and applies retention (docs/decisions.md, Q2): dead and failed
-rows, delivered rows and attempt history are pruned in batches once they are
-older than ``retention.*``.
+``alert_episodes``), publishes the breaker gauges, ends the rows whose last
+chance is spent (``dispatcher.rules.breaker.last_chance_spent``: past their
+retry ceiling behind an open breaker that opened after it; claims skip those
+rows, so nothing else would ever end them), and applies retention
+(docs/decisions.md, Q2): dead and failed rows, delivered rows and attempt
+history are pruned in batches once they are older than ``retention.*``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from dispatcher.store.operations import Presence
 log = logging.getLogger("dispatcher.upkeep")
 
 SWEEP_BATCH = 1000
-# Batches per upkeep round and table: with the default 5,000-row batch and a
-# 10 s round that is up to 50,000 rows/s of pruning capacity, far above the
-# 25 M/day (about 290/s) the outbox grows by, so a backlog of expired rows
-# (after an outage of the upkeep leader, say) is worked off within minutes.
+# Batches per upkeep round, for each table pruned and for the sweep: with the
+# default 5,000-row batch and a 10 s round that is up to 50,000 rows/s of
+# pruning capacity, far above the 25 M/day (about 290/s) the outbox grows by,
+# so a backlog of expired rows (after an outage of the upkeep leader, say) is
+# worked off within minutes.
 PRUNE_ROUNDS = 100
 # The leader lease: this many upkeep rounds, and never shorter than the floor.
 LEASE_ROUNDS = 3
@@ -117,22 +118,27 @@ class Upkeep:
         self._published = {endpoint_id for endpoint_id, state in states.items() if state != "closed"}
 
     def _sweep_expired(self) -> None:
-        ceilings = [self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())]
-        candidates = self._store.expired_candidates(min(ceilings), SWEEP_BATCH)
-        expired = [row_id for row_id, event_type, age in candidates
-                   if age >= self._policies.for_event_type(event_type).ceiling]
-        if expired:
-            count = self._store.mark_expired(expired)
-            log.info("swept %d rows to dead: their retry window ended while the breaker was open", count)
+        """docs/decisions.md, "Last chance": a row past its ceiling behind an open
+        breaker waits for the breaker's probe; once the endpoint has failed an
+        attempt after the row's ceiling, the row is ``dead``."""
+        policies = self._policies
+        ceilings = {event_type: p.ceiling for event_type, p in policies.by_event_type.items()}
+        count = self._repeat_until_short(
+            lambda: self._store.sweep_expired(policies.default.ceiling, ceilings, SWEEP_BATCH), SWEEP_BATCH)
+        if count:
+            log.info("swept %d rows to dead: their retry window ended and their endpoint failed again after it "
+                     "(breaker open)", count)
 
     def _prune(self) -> None:
         """Q2: dead and failed rows are kept ``retention.dead`` after they ended
-        (they end at most ``retry.ceiling`` after creation), delivered rows
-        ``retention.delivered``, attempt history ``retention.attempts``."""
+        (they end at most ``retry.ceiling`` after creation, or, behind an open
+        breaker, once a probe after it fails: up to ``breaker.open_for`` later),
+        delivered rows ``retention.delivered``, attempt history ``retention.attempts``."""
         retention = self._config.retention
         ceiling = max([self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())])
+        ended_by = ceiling + self._config.breaker.open_for
         deleted = (self._prune_until_short(lambda: self._store.prune_deliveries(
-                       ("dead", "failed"), retention.dead + ceiling, retention.batch))
+                       ("dead", "failed"), retention.dead + ended_by, retention.batch))
                    + self._prune_until_short(lambda: self._store.prune_deliveries(
                        ("delivered",), retention.delivered, retention.batch))
                    + self._prune_until_short(lambda: self._store.prune_attempts(retention.attempts, retention.batch)))
@@ -141,10 +147,14 @@ class Upkeep:
         self._store.prune_gate_evidence(GATE_EVIDENCE_KEPT)
 
     def _prune_until_short(self, prune_batch: Callable[[], int]) -> int:
+        return self._repeat_until_short(prune_batch, self._config.retention.batch)
+
+    @staticmethod
+    def _repeat_until_short(run_batch: Callable[[], int], batch: int) -> int:
         total = 0
         for _ in range(PRUNE_ROUNDS):
-            deleted = prune_batch()
-            total += deleted
-            if deleted < self._config.retention.batch:
+            done = run_batch()
+            total += done
+            if done < batch:
                 break
         return total

@@ -11,7 +11,10 @@ with the rule is derived from it or tested against it on one table of cases
 * the API and console show :meth:`BreakerPolicy.shown_state`;
 * a flush of finished attempts updates the stored breakers through
   :class:`BreakerBatch`, whose fast path (no read, no lock) is exact only for
-  rows that are still ``closed`` -- the guard of ``engine_breaker_touch``.
+  rows that are still ``closed`` -- the guard of ``engine_breaker_touch``;
+* the upkeep leader's sweep (``engine_sweep_expired``) ends a row at its retry
+  ceiling only where :func:`last_chance_spent` says so
+  (``tests/integration/test_last_chance_rule.py``).
 """
 
 from __future__ import annotations
@@ -138,6 +141,22 @@ class BreakerPolicy:
         return "closed" if new.state == "closed" else "half_opened"
 
 
+def last_chance_spent(b: EndpointBreaker, opened_at: float | None, ceiling_at: float) -> bool:
+    """May a pending row whose retry window ended at ``ceiling_at`` end ``dead``
+    without an attempt of its own (docs/decisions.md, "Last chance")?
+
+    Only when its endpoint failed an attempt the breaker admitted after that
+    moment: the breaker is ``open`` and its window opened -- on the failure that
+    reached the threshold, or on a failed probe -- at ``opened_at >= ceiling_at``
+    (unix seconds, database clock).  Every other row waits for an attempt that
+    decides it: behind a closed breaker the claim sends it, behind a half-open
+    one the probe in flight answers, and behind a window that opened before its
+    ceiling the next probe comes at most ``open_for`` later.  If that probe
+    fails, the window it opens makes this true, so no row waits forever.
+    """
+    return b.state == "open" and opened_at is not None and opened_at >= ceiling_at
+
+
 @dataclass(frozen=True, slots=True)
 class BreakerWrite:
     """One endpoint's breaker change, ready for the store to write."""
@@ -148,6 +167,12 @@ class BreakerWrite:
     succeeded: bool
     failed: bool
     error: str | None
+
+    @property
+    def opens_window(self) -> bool:
+        """Whether a new open window starts here: the store records when (``opened_at``),
+        which :func:`last_chance_spent` reads."""
+        return BreakerPolicy.transitions(self.previous, self.breaker) in ("opened", "reopened")
 
 
 @dataclass(frozen=True, slots=True)

@@ -354,6 +354,9 @@ def clip_error(text: str) -> str:
 # the API/CLI when an endpoint is deactivated or deleted (store.endpoints).
 ENDPOINT_DELETED = "endpoint deleted"
 ENDPOINT_DEACTIVATED = "endpoint deactivated"
+# Why the upkeep sweep ends a row at its ceiling without an attempt of its own
+# (breaker.last_chance_spent): appended to the row's last error.
+LAST_CHANCE_SPENT = "retry window ended; the endpoint failed again after it (breaker open)"
 
 
 def terminal(reason: str) -> Outcome:

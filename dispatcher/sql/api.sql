@@ -263,10 +263,15 @@ SELECT (SELECT count(*) FROM due) AS made_due;
 SELECT state, consecutive_failures FROM endpoint_state WHERE endpoint_id = %(id)s FOR UPDATE;
 
 -- name: api_rotate_endpoint_secret
--- The secret in use becomes the previous one: the workspace's at an
--- endpoint's first rotation, since that is what it was signing with.
+-- The secret a receiver may verify with becomes the previous one: the one in
+-- use, or the workspace's at an endpoint's first rotation, since that is what
+-- it was signing with.  A secret nobody has seen (secret_shown false: made by
+-- migration 0017) is not one a receiver can use: the previous one (the
+-- workspace secret it signed with) stays, and signs for another grace.
 UPDATE webhook_endpoints e
-   SET previous_secret = coalesce(e.secret, w.secret), secret = %(secret)s, secret_rotated_at = now()
+   SET previous_secret = CASE WHEN e.secret_shown THEN coalesce(e.secret, w.secret)
+                              ELSE coalesce(e.previous_secret, w.secret) END,
+       secret = %(secret)s, secret_rotated_at = now(), secret_shown = true
   FROM workspaces w
  WHERE w.id = e.workspace_id AND e.id = %(id)s
 RETURNING e.secret_rotated_at + make_interval(secs => %(grace)s::float8) AS previous_valid_until;

@@ -287,11 +287,14 @@ SELECT endpoint_id, state, consecutive_failures, extract(epoch FROM open_until):
    FOR UPDATE;
 
 -- name: engine_breaker_write
+-- opened_at is when the current open window began (breaker.BreakerWrite.opens_window:
+-- it opened, or reopened after a failed probe or a failure once the window had
+-- lapsed); the upkeep sweep's last-chance rule reads it (engine_sweep_expired).
 UPDATE endpoint_state s
    SET state = v.state,
        consecutive_failures = v.failures,
        open_until = to_timestamp(v.open_until),
-       opened_at = CASE WHEN v.state = 'open' AND s.state <> 'open' THEN now() ELSE s.opened_at END,
+       opened_at = CASE WHEN v.opened THEN now() ELSE s.opened_at END,
        -- a new open episode (breaker notices are keyed by it: dispatcher/engine/notifier.py)
        open_episode = CASE WHEN v.state = 'open' AND s.state = 'closed' THEN s.open_episode + 1
                            ELSE s.open_episode END,
@@ -300,8 +303,8 @@ UPDATE endpoint_state s
        last_error = CASE WHEN v.failed THEN v.error ELSE s.last_error END,
        updated_at = now()
   FROM unnest(%(endpoint_ids)s::bigint[], %(states)s::text[], %(failures)s::int[], %(open_until)s::float8[],
-              %(succeeded)s::bool[], %(failed)s::bool[], %(errors)s::text[])
-       AS v(endpoint_id, state, failures, open_until, succeeded, failed, error)
+              %(opened)s::bool[], %(succeeded)s::bool[], %(failed)s::bool[], %(errors)s::text[])
+       AS v(endpoint_id, state, failures, open_until, opened, succeeded, failed, error)
  WHERE s.endpoint_id = v.endpoint_id;
 
 -- name: engine_breaker_touch
@@ -425,25 +428,39 @@ SELECT endpoint_id, state FROM endpoint_state
  WHERE state <> 'closed' OR opened_at > now() - interval '1 day'
  ORDER BY endpoint_id;
 
--- name: engine_expired_candidates
--- Rows of endpoints whose breaker is not closed that may have passed their
--- retry ceiling; the retry policy (per event type) decides which are dead.
-SELECT d.id, coalesce(ev.type, '') AS event_type, extract(epoch FROM now() - d.created_at)::float8 AS age
-  FROM endpoint_state s
-  JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id AND d.status = 'pending'
-  LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
- WHERE s.state <> 'closed'
-   AND d.created_at <= now() - make_interval(secs => %(min_ceiling)s)
-   AND dispatcher_unleased(d.locked_until)
- LIMIT %(limit)s;
-
--- name: engine_mark_expired
-UPDATE webhook_deliveries
+-- name: engine_sweep_expired
+-- The last chance at the retry ceiling (docs/decisions.md, "Last chance"), the SQL
+-- twin of breaker.last_chance_spent, held to the same cases by
+-- tests/integration/test_last_chance_rule.py: a pending row past its ceiling
+-- (created_at + its event type's retry.ceiling; %(ceilings)s maps the types
+-- that have their own, a missing event takes the default) ends dead without an
+-- attempt of its own only behind an open breaker whose window opened at or
+-- after that ceiling -- the endpoint failed an attempt the breaker admitted
+-- once the row's window had ended.  Rows behind a closed breaker are the
+-- claim's, behind a half-open one the probe's, behind a window opened earlier
+-- the next probe's (at most breaker.open_for away).  A leased row is its
+-- worker's.  min_ceiling (the shortest ceiling of any type) drops rows that
+-- cannot qualify before their event is looked up.  Batched, like pruning; the
+-- caller repeats until a batch comes back short.
+WITH doomed AS (
+    SELECT d.id
+      FROM endpoint_state s
+      JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id AND d.status = 'pending'
+      LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
+     WHERE s.state = 'open'
+       AND d.created_at <= s.opened_at - make_interval(secs => %(min_ceiling)s)
+       AND d.created_at + make_interval(secs => coalesce((%(ceilings)s::jsonb ->> ev.type)::float8, %(ceiling)s))
+           <= s.opened_at
+       AND dispatcher_unleased(d.locked_until)
+     LIMIT %(limit)s
+       FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE webhook_deliveries w
    SET status = 'dead', finished_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL,
-       last_error = coalesce(last_error || '; ', '') || 'retry window ended while the endpoint breaker was open'
- WHERE id = ANY (%(ids)s::bigint[]) AND status = 'pending'
-   AND dispatcher_unleased(locked_until)
-RETURNING id;
+       last_error = coalesce(last_error || '; ', '') || %(reason)s
+  FROM doomed
+ WHERE w.id = doomed.id
+RETURNING w.id;
 
 -- name: engine_prune_leases
 -- Lane entries whose lease lapsed count for nothing (dispatcher_lane_free);

@@ -38,6 +38,7 @@ CREATE TABLE webhook_endpoints (
     description       text,
     owner_contact     text,
     purpose           text DEFAULT 'customer'::text NOT NULL,
+    secret_shown      boolean DEFAULT true NOT NULL,
     CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (id),
     CONSTRAINT webhook_endpoints_max_per_second_check CHECK (((max_per_second > (0)::double precision) AND (max_per_second < 'Infinity'::double precision))),
     CONSTRAINT webhook_endpoints_secret_check CHECK ((secret <> ''::text)),

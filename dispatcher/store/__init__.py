@@ -26,6 +26,8 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 
+from dispatcher.signing import check_strength
+
 # Imported under another name: ``store.audit`` stays the module (``store.audit.list_audit``).
 from dispatcher.store.audit import Audit
 from dispatcher.store.audit import audit as record_audit
@@ -212,30 +214,34 @@ def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) ->
 
 @dataclass(frozen=True, slots=True)
 class NewEndpoint:
-    """What registering an endpoint writes.  ``secret`` None: it signs with
-    the workspace secret (the CLI's ``endpoint add``); the API gives each new
-    endpoint its own."""
+    """What registering an endpoint writes.  ``secret`` is the endpoint's own
+    signing secret (docs/decisions.md, "Own secret per endpoint"): the caller
+    makes it (``signing.new_secret``) and shows it once."""
 
     url: str
+    secret: str
     event_types: Sequence[str] = ()
     max_per_second: float | None = None
-    secret: str | None = None
     description: str | None = None
     active: bool = True
     owner_contact: str | None = None
 
 
-def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str],
+def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str], secret: str,
                  max_per_second: float | None = None, owner_contact: str | None = None) -> int:
-    """Register an endpoint; the database enforces 10 active per workspace.
+    """Register an endpoint signing with ``secret``; the database enforces 10 active per workspace.
     ``max_per_second`` is its region-wide rate limit (None: none); ``owner_contact``
     the email its breaker notices go to (None: the workspace's owner)."""
-    return register_endpoint(conn, workspace_id, NewEndpoint(url, event_types, max_per_second,
+    return register_endpoint(conn, workspace_id, NewEndpoint(url, secret, event_types, max_per_second,
                                                              owner_contact=owner_contact), token_id=None)
 
 
 def register_endpoint(conn: Connection, workspace_id: str, new: NewEndpoint, token_id: int | None) -> int:
-    """Insert ``new`` and its audit entry (by ``token_id``; None: an operator) in one transaction."""
+    """Insert ``new`` and its audit entry (by ``token_id``; None: an operator) in one transaction.
+
+    Raises ``signing.WeakSecret``, writing nothing, unless ``new.secret`` carries
+    at least ``signing.MIN_SECRET_BYTES`` key bytes."""
+    check_strength(new.secret)
     try:
         with transaction(conn):
             if not run_query(conn, "workspace_exists", {"id": workspace_id}):

@@ -12,7 +12,7 @@ import functools
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -24,6 +24,7 @@ import psycopg2.extensions
 from dispatcher.redact import storable
 from dispatcher.rules.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.rules.health import BacklogFigures, BacklogRule
+from dispatcher.rules.retry import LAST_CHANCE_SPENT
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each, named_rows
 from dispatcher.store.errors import translate
@@ -385,6 +386,7 @@ class EngineStore:
                     "states": [w.breaker.state for w in writes],
                     "failures": [w.breaker.consecutive_failures for w in writes],
                     "open_until": [w.breaker.open_until for w in writes],
+                    "opened": [w.opens_window for w in writes],
                     "succeeded": [w.succeeded for w in writes], "failed": [w.failed for w in writes],
                     "errors": [storable(w.error) for w in writes],
                 }, commit=True)
@@ -462,10 +464,15 @@ class EngineStore:
             cur.execute(QUERIES["engine_open_breakers"])
             return [(int(r[0]), str(r[1])) for r in cur.fetchall()]
 
-    def expired_candidates(self, min_ceiling: float, limit: int) -> list[tuple[int, str, float]]:
+    def sweep_expired(self, ceiling: float, ceilings: Mapping[str, float], limit: int) -> int:
+        """End up to ``limit`` rows whose last chance is spent (``breaker.last_chance_spent``)
+        ``dead``; ``ceiling`` is the default retry ceiling, ``ceilings`` those of event
+        types with a policy of their own.  Returns how many it ended."""
         with self._conn.statement() as cur:
-            cur.execute(QUERIES["engine_expired_candidates"], {"min_ceiling": min_ceiling, "limit": limit})
-            return [(int(r["id"]), str(r["event_type"]), float(r["age"])) for r in named_rows(cur)]
+            cur.execute(QUERIES["engine_sweep_expired"], {
+                "ceiling": ceiling, "ceilings": json.dumps(dict(ceilings)),
+                "min_ceiling": min([ceiling, *ceilings.values()]), "limit": limit, "reason": LAST_CHANCE_SPENT})
+            return len(cur.fetchall())
 
     def prune_lapsed_leases(self) -> int:
         """Delete lane entries whose lease lapsed (they already count for nothing)."""
@@ -485,9 +492,3 @@ class EngineStore:
             cur.execute(QUERIES["engine_prune_attempts"], {"older_than": older_than, "batch": batch})
             return int(cur.rowcount)
 
-    def mark_expired(self, ids: Sequence[int]) -> int:
-        if not ids:
-            return 0
-        with self._conn.statement() as cur:
-            cur.execute(QUERIES["engine_mark_expired"], {"ids": list(ids)})
-            return len(cur.fetchall())

@@ -288,20 +288,42 @@ class TestEndpoint:
     def workspace(self, config: Path) -> None:
         ok(cli("-c", config, "workspace", "create", "--id", "W", "--flag", "webhook_outbox=on"))
 
+    @staticmethod
+    def added(result: subprocess.CompletedProcess[str]) -> int:
+        """The id `endpoint add` printed (its first line; the second is the endpoint's secret)."""
+        return int(ok(result).splitlines()[0])
+
     def test_add_prints_the_id_and_stores_the_types(self, db: Database, config: Path, workspace: None) -> None:
-        out = ok(self.add(config, "--events", "job.created,job.completed"))
-        endpoint_id = int(out.strip())
+        endpoint_id = self.added(self.add(config, "--events", "job.created,job.completed"))
         assert db.query("SELECT workspace_id, url, event_types, active FROM webhook_endpoints WHERE id = %s",
                         (endpoint_id,)) == [("W", "http://127.0.0.1:9/x", ["job.created", "job.completed"], True)]
 
+    def test_add_gives_the_endpoint_its_own_secret_shown_once(self, db: Database, config: Path,
+                                                             workspace: None) -> None:
+        result = self.add(config)
+        lines = ok(result).splitlines()
+        assert len(lines) == 2, lines
+        endpoint_id, secret = int(lines[0]), lines[1]
+        assert secret.startswith("whsec_") and len(secret_key(secret)) >= 24
+        assert "shown this once" in result.stderr and secret not in result.stderr
+        other = ok(self.add(config, url="http://127.0.0.1:9/y")).splitlines()[1]
+        assert other != secret, "each endpoint a secret of its own"
+        # Deliveries sign with it alone, never with the workspace's (dispatcher_signing_secrets, as the claim).
+        signing = db.query("SELECT dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at, "
+                           "w.secret, w.previous_secret, w.secret_rotated_at, 86400) FROM webhook_endpoints e "
+                           "JOIN workspaces w ON w.id = e.workspace_id WHERE e.id = %s", (endpoint_id,))
+        assert signing == [([secret, None],)]
+        shown = ok(cli("-c", config, "endpoint", "show", str(endpoint_id)))
+        assert secret not in shown and '"secret": "endpoint"' in shown
+
     def test_no_events_means_all(self, db: Database, config: Path, workspace: None) -> None:
-        endpoint_id = int(ok(self.add(config)).strip())
+        endpoint_id = self.added(self.add(config))
         assert db.query("SELECT event_types FROM webhook_endpoints WHERE id = %s", (endpoint_id,)) == [([],)]
 
     def test_max_per_second_is_stored_and_defaults_to_none(self, db: Database, config: Path,
                                                            workspace: None) -> None:
-        limited = int(ok(self.add(config, "--max-per-second", "2.5")).strip())
-        free = int(ok(self.add(config, url="http://127.0.0.1:9/y")).strip())
+        limited = self.added(self.add(config, "--max-per-second", "2.5"))
+        free = self.added(self.add(config, url="http://127.0.0.1:9/y"))
         assert db.query("SELECT id, max_per_second FROM webhook_endpoints ORDER BY id") == [(limited, 2.5),
                                                                                           (free, None)]
 
@@ -312,8 +334,8 @@ class TestEndpoint:
         assert db.query("SELECT count(*) FROM webhook_endpoints") == [(0,)]
 
     def test_owner_is_stored_and_checked(self, db: Database, config: Path, workspace: None) -> None:
-        owned = int(ok(self.add(config, "--owner", "owner@example.com")).strip())
-        free = int(ok(self.add(config, url="http://127.0.0.1:9/y")).strip())
+        owned = self.added(self.add(config, "--owner", "owner@example.com"))
+        free = self.added(self.add(config, url="http://127.0.0.1:9/y"))
         assert db.query("SELECT id, owner_contact FROM webhook_endpoints ORDER BY id") == [
             (owned, "owner@example.com"), (free, None)]
         usage_error(self.add(config, "--owner", "owner@example.com\nBcc: x@evil.example"), "--owner")
@@ -350,7 +372,7 @@ class TestEndpoint:
         region_like = write_config(db, http={"require_https": True, "allow_private_networks": False})
         ok(cli("-c", region_like, "workspace", "create", "--id", "W"))
         # A literal public address: nothing to resolve, so no network is needed.
-        assert int(ok(self.add(region_like, url="https://93.184.215.14/hook")).strip()) > 0
+        assert self.added(self.add(region_like, url="https://93.184.215.14/hook")) > 0
 
     @pytest.mark.parametrize("url", ["http://hooks.example.com/x", "https://127.0.0.1:8443/x", "http://127.0.0.1:9/x"])
     def test_the_shipped_region_config_refuses_them_too(self, db: Database, url: str) -> None:
@@ -365,8 +387,8 @@ class TestEndpoint:
         local = REPO / "config" / "local.yaml"
         env = {DSN_ENV: db.dsn}
         ok(cli("-c", local, "workspace", "create", "--id", "W", env=env))
-        endpoint_id = int(ok(cli("-c", local, "endpoint", "add", "--workspace", "W", "--url",
-                                 "http://127.0.0.1:9/x", env=env)).strip())
+        endpoint_id = self.added(cli("-c", local, "endpoint", "add", "--workspace", "W", "--url",
+                                     "http://127.0.0.1:9/x", env=env))
         assert db.query("SELECT url FROM webhook_endpoints WHERE id = %s", (endpoint_id,)) == [("http://127.0.0.1:9/x",)]
 
 
@@ -384,3 +406,19 @@ def test_the_demo_entry_point_rejects_a_bad_config(tmp_path: Path) -> None:
     result = run([str(REPO / "bin" / "dispatcher-demo"), "-c", str(missing)], cwd=tmp_path,
                  env={"PYTHONPATH": str(REPO)})
     assert_one_line_error(result, ExitCode.CONFIG, "nope.yaml")
+
+
+def test_the_demo_gives_each_endpoint_its_own_secret(db: Database) -> None:
+    from dispatcher_devtools import demo
+    from dispatcher_devtools.receiver import ReceiverProcess
+
+    secrets = demo.endpoint_secrets()
+    conn = store.connect(db.dsn)
+    try:
+        with ReceiverProcess(secrets=list(secrets.values())) as receiver:
+            ids = demo.seed(conn, receiver, secrets)
+    finally:
+        conn.close()
+    stored = dict(db.query("SELECT id, secret FROM webhook_endpoints"))
+    assert {name: stored[ids[name]] for name in demo.ENDPOINTS} == secrets
+    assert len(set(secrets.values())) == len(demo.ENDPOINTS)

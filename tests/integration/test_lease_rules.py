@@ -35,6 +35,7 @@ PARAMS: dict[str, Any] = {
     "owner": "w", "limit": 100, "per_endpoint": 4, "share": 4, "busy": [], "after": 0, "lease": 30.0, "grace": 0.0,
     "refill": '[{"endpoint_id": 1, "want": 4}]', "slots": "[]",
     "row_age": 60.0, "threshold": 100, "min_ceiling": 0.0, "ids": [1], "id": 1, "reason": "r",
+    "ceiling": 86400.0, "ceilings": "{}",
 }
 
 
@@ -54,7 +55,7 @@ def test_no_query_spells_the_lease_test_by_hand() -> None:
 
 def test_the_queries_use_the_one_definition() -> None:
     callers = {name for name, sql in QUERIES.items() if "dispatcher_unleased(" in sql}
-    assert {"engine_claim", "engine_backlog", "engine_expired_candidates", "engine_mark_expired",
+    assert {"engine_claim", "engine_backlog", "engine_sweep_expired",
             "operations_pending", "operations_oldest_due", "api_end_pending", "api_close_breaker"} <= callers
 
 

@@ -33,7 +33,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from dispatcher import Event, WebhookSender, load_config, store
 from dispatcher.message import event_body
 from dispatcher.producer import ProducerError, StoredEvent, json_depth, walked_depth
-from dispatcher.signing import as_standard_secret
+from dispatcher.signing import as_standard_secret, new_secret
 from dispatcher_devtools.kit import wait_until
 from tests.conftest import TestDatabase as Database
 
@@ -205,11 +205,14 @@ def set_outbox_flag(db: Database, workspace_id: str, outbox: bool) -> None:
 
 def add_endpoint(db: Database, workspace_id: str, url: str, types: list[str] | None = None,
                  active: bool = True) -> int:
+    """An endpoint signing with its workspace's secret (these tests verify with it), as one
+    written before migration 0017 or by an outside tool without a secret does."""
     with admin(db) as connection:
-        endpoint_id = store.add_endpoint(connection, workspace_id, url, types or [])
+        endpoint_id = store.add_endpoint(connection, workspace_id, url, types or [], new_secret())
         if not active:
             store.set_endpoint_active(connection, endpoint_id, False)
-        return endpoint_id
+    db.query("UPDATE webhook_endpoints SET secret = NULL WHERE id = %s", (endpoint_id,))
+    return endpoint_id
 
 
 def count(db: Database, table: str, where: str = "true", params: Any = None) -> int:
@@ -742,7 +745,7 @@ class TestEndpointLimit:
 
             def race() -> None:
                 try:
-                    outcome.append(store.add_endpoint(second, "ws", self.URL, []))
+                    outcome.append(store.add_endpoint(second, "ws", self.URL, [], new_secret()))
                 except store.LimitReached as exc:
                     outcome.append(exc)
 
@@ -778,7 +781,7 @@ class TestEndpointLimit:
             connection = db.connect()
             try:
                 barrier.wait(timeout=30)
-                result: Any = store.add_endpoint(connection, "ws", self.URL, [])
+                result: Any = store.add_endpoint(connection, "ws", self.URL, [], new_secret())
             except store.LimitReached as exc:
                 result = exc
             finally:
