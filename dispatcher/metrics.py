@@ -103,6 +103,10 @@ class Metrics:
             lines.append(self._seconds("webhook_producer_outbox_write_seconds", write))
         self._send(lines)
 
+    def producer_shadow_skipped(self, reason: str) -> None:
+        """A flag-off send that wrote no shadow rows where they were due (docs/producer.md)."""
+        self._send([self._line("webhook_producer_shadow_skipped_total", 1, "c", (("reason", reason),))])
+
     def gauges(self, values: Iterable[tuple[str, float]]) -> None:
         """Unlabelled gauges, in one datagram (the upkeep leader's figures)."""
         self._send([self._line(name, value, "g") for name, value in values])

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
+import psycopg2
 import pytest
 
+from dispatcher import Event, WebhookSender, load_config
 from dispatcher.runtime.supervisor import DRY_RUN_WARNING
 from dispatcher_devtools import kit
 
@@ -64,3 +69,54 @@ def test_turning_the_outbox_off_leaves_queued_rows_draining(db, write_config, tm
         kit.wait_until(lambda: kit.status_counts(db.dsn).get("delivered") == 20, message="20 rows drained")
     assert (posts(receiver, "a"), posts(receiver, "b")) == (10, 10)
     assert len(event_ids) == 10
+
+
+# ---------------------------------------------------------------- the flag-off body is the engine's body
+
+BODY_FIELDS = ["id", "type", "workspace_id", "sequence", "occurred_at", "data"]
+SAME_HEADERS = ("Content-Type", "User-Agent", "Idempotency-Key", "webhook-id", "X-Larkspur-Attempt")
+
+
+def send_once(config: Path, dsn: str, event: Event) -> int | None:
+    """``WebhookSender.send`` in a transaction of its own; the event's sequence."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with WebhookSender(load_config(config, env={})).transaction(conn) as tx:
+            return tx.send(event).sequence
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("shadow_writes", [False, True], ids=["flag off", "shadow writes (phase 0)"])
+def test_the_flag_off_body_is_the_engines_body_field_by_field(db, write_config, tmp_path: Path,
+                                                             receiver: kit.CaptureServer, shadow_writes: bool) -> None:
+    """The same event, POSTed by the flag-off path and then by a dispatcher: the same six fields in the
+    same order, each equal; the sequence the very number the event row holds (shadow writes), or the
+    number of its own send, taken from the same SEQUENCE (no shadow write: nothing is stored)."""
+    (endpoint,) = kit.seed_workspace(db.dsn, "ws", [url(receiver, "hook")], outbox=False)
+    event = Event("ws", "job.completed", {"z": 1, "a": [1.5, "ü", None], "nested": {"b": True}}, id="evt-body-1",
+                  occurred_at=datetime(2026, 9, 22, 8, 30, 5, 123456, tzinfo=UTC))
+    legacy_sequence = send_once(write_config(db, producer={"shadow_writes": shadow_writes}), db.dsn, event)
+    kit.query(db.dsn, "UPDATE workspaces SET flags = '{\"webhook_outbox\": true}'")
+    if shadow_writes:  # the engine sends the stored event: a live row for it, as a replay writes one
+        kit.query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+                          "VALUES ('ws', %s, 'evt-body-1', 'h')", (endpoint,))
+        engine_sequence = legacy_sequence
+    else:  # nothing was stored: the same event, sent again with the outbox on
+        engine_sequence = send_once(write_config(db), db.dsn, event)
+    with kit.Dispatcher(write_config(db), tmp_path / "d.log"):
+        kit.wait_until(lambda: posts(receiver, "hook") == 2, message="the engine's POST")
+    legacy, engine = receiver.captured
+    ours, theirs = json.loads(legacy.body), json.loads(engine.body)
+    assert list(ours) == list(theirs) == BODY_FIELDS
+    for field in BODY_FIELDS:
+        if field != "sequence":
+            assert ours[field] == theirs[field], field
+    assert isinstance(ours["sequence"], int) and isinstance(theirs["sequence"], int)
+    assert (ours["sequence"], theirs["sequence"]) == (legacy_sequence, engine_sequence)
+    if not shadow_writes:
+        assert ours["sequence"] < theirs["sequence"], "allocation order"
+    # Byte for byte, once the sequence is the engine's.
+    assert re.sub(rb'"sequence":\d+', b'"sequence":%d' % theirs["sequence"], legacy.body) == engine.body
+    for header in SAME_HEADERS:
+        assert legacy.headers[header] == engine.headers[header], header
