@@ -61,8 +61,9 @@ class Metrics:
 
     # -- what the dispatcher reports -----------------------------------------
 
-    def attempts(self, results: Iterable[tuple[str, float, float | None]]) -> None:
-        """One (result, attempt seconds, commit-to-2xx seconds or None) per attempt, in one batch."""
+    def attempts(self, results: Iterable[tuple[str, float | None, float | None]]) -> None:
+        """One (result, attempt seconds, commit-to-2xx seconds) per attempt, in one batch; a None
+        duration is no sample (a shadow row's mark: counted under its own result, never timed)."""
         if self._sock is None:
             return
         counts: dict[str, int] = {}
@@ -74,7 +75,8 @@ class Metrics:
         commit_head, commit_tail = self._template(_LATENCY, kind, (("stage", "commit_to_2xx"),))
         for result, duration, commit_to_2xx in results:
             counts[result] = counts.get(result, 0) + 1
-            lines.append(attempt_head + value(duration) + attempt_tail)
+            if duration is not None:
+                lines.append(attempt_head + value(duration) + attempt_tail)
             if commit_to_2xx is not None:
                 lines.append(commit_head + value(commit_to_2xx) + commit_tail)
         # A counter sent once with n is the same to statsd as n sends of 1.

@@ -17,7 +17,7 @@ discarded; a delivery failure never raises.  The statement numbers the event
 from the same SEQUENCE as the outbox path, so the body carries a sequence
 (docs/decisions.md, Sequence in every body).  With ``producer.shadow_writes``
 (rollout phase 0) it also writes ``mode='shadow'`` rows, which the dispatcher
-marks delivered without sending.  What it cannot write (a reused id, a
+marks ``shadow`` without sending.  What it cannot write (a reused id, a
 read-only transaction) it skips; ``send`` logs and counts that, and POSTs all
 the same.
 

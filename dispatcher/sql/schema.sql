@@ -78,7 +78,6 @@ CREATE TABLE webhook_deliveries (
     locked_until     timestamp with time zone,
     claim_token      bigint,
     CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
-    CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text]))),
     CONSTRAINT webhook_deliveries_mode_check CHECK ((mode = ANY (ARRAY['live'::text, 'shadow'::text])))
 ) WITH (fillfactor=50);
 
@@ -222,6 +221,10 @@ CREATE TABLE endpoint_leases (
 ) WITH (fillfactor=70);
 
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
+
+ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
+
+ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_shadow_status CHECK (((status <> ALL (ARRAY['delivered'::text, 'shadow'::text])) OR ((status = 'shadow'::text) = (mode = 'shadow'::text)))) NOT VALID;
 
 CREATE INDEX webhook_endpoints_workspace ON public.webhook_endpoints USING btree (workspace_id) WHERE active;
 

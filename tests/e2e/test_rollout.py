@@ -272,7 +272,7 @@ def test_replaying_a_shadow_row_while_the_outbox_is_off_is_409(db: Database, wri
                            "RETURNING id")
     sql(db, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('e1', 'ws', 't', 1, '{}')")
     (shadow,), = sql(db, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, "
-                         "mode) VALUES ('ws', %s, 'e1', 'h', 'delivered', 'shadow') RETURNING id", (endpoint,))
+                         "mode) VALUES ('ws', %s, 'e1', 'h', 'shadow', 'shadow') RETURNING id", (endpoint,))
     conn = db.connect()
     token = auth.create_token(conn, "ws", [auth.READ, auth.WRITE])
     conn.close()

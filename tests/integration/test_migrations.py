@@ -186,7 +186,7 @@ INDEXES = {
 }
 
 CHECKED_VALUES = {
-    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead"},
+    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead", "shadow"},
     ("webhook_deliveries", "mode"): {"live", "shadow"},
     ("endpoint_state", "state"): {"closed", "open", "half_open"},
     ("rollout_workspaces", "list"): {"include", "exclude"},

@@ -1,4 +1,5 @@
--- 0015: the flag-off path numbers every event, and never refuses one.
+-- 0015: the flag-off path numbers every event, and never refuses one; a
+-- shadow row is never a delivery.
 --
 -- dispatcher_send_event (0012) again, with one more output column, so DROP
 -- and CREATE (a function's result type cannot change in place). Callers name
@@ -104,3 +105,47 @@ BEGIN
     RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
 END;
 $$;
+
+-- A shadow row is never a delivery (docs/decisions.md, Shadow rows). The
+-- dispatcher marks it `shadow`, a status of its own, and its attempt-history
+-- entry's result is `shadow`, so nothing that counts deliveries (the API's
+-- history and filters, `dispatcher status`, delivered_at, the gates) can
+-- count one. The second constraint holds the pairing both ways: a live row
+-- is never `shadow`, a shadow row never `delivered`. Both are NOT VALID: the
+-- rows they would check are the ones rewritten here, so no scan re-checks
+-- them under the table lock.
+--
+-- Rows a dispatcher marked before this migration (status and result
+-- `delivered`, without a POST) become what they are. The one scan of the
+-- outbox (no index has `mode`) collects their ids first, under ACCESS SHARE
+-- (producers and claims go on); with them the ids of shadow rows still
+-- pending, which an older dispatcher may mark before the lock below is
+-- granted (a shadow row committed after the scan and marked in the instant
+-- before the lock would keep `delivered`). Only then is the old check dropped (ACCESS EXCLUSIVE on
+-- webhook_deliveries, held to the commit), and the collected rows and their
+-- history are rewritten by key: the lock lasts as long as there are shadow
+-- rows to rewrite, not as long as the table is. A dispatcher older than this
+-- migration can no longer record a shadow row's mark (the database refuses
+-- it, and the row is claimed again once its lease lapses): start the new
+-- version, then stop the old one (docs/operations.md, "Upgrading").
+CREATE TEMPORARY TABLE shadow_marked ON COMMIT DROP AS
+SELECT id FROM webhook_deliveries WHERE mode = 'shadow' AND status IN ('delivered', 'pending');
+
+ALTER TABLE webhook_deliveries DROP CONSTRAINT webhook_deliveries_status_check;
+
+-- `= ANY (array)` from an InitPlan, not a join: the planner cannot size the
+-- array, so it reads both tables by key (webhook_delivery_attempts_delivery,
+-- the primary key), where a join costed at 1 % of the rows chose to scan them.
+UPDATE webhook_delivery_attempts
+   SET result = 'shadow'
+ WHERE delivery_id = ANY ((SELECT array_agg(id) FROM shadow_marked)::bigint[]) AND result = 'delivered';
+
+UPDATE webhook_deliveries
+   SET status = 'shadow', delivered_at = NULL
+ WHERE id = ANY ((SELECT array_agg(id) FROM shadow_marked)::bigint[]) AND status = 'delivered';
+
+ALTER TABLE webhook_deliveries
+    ADD CONSTRAINT webhook_deliveries_status_check
+        CHECK (status IN ('pending', 'delivered', 'failed', 'dead', 'shadow')) NOT VALID,
+    ADD CONSTRAINT webhook_deliveries_shadow_status
+        CHECK (status NOT IN ('delivered', 'shadow') OR (status = 'shadow') = (mode = 'shadow')) NOT VALID;
