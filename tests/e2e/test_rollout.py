@@ -324,7 +324,7 @@ class Seed:
                          "duration_ms, result, status_code) VALUES (%s, %s, 1, now() - %s + make_interval(secs => %s),"
                          " 10, %s, %s)",
                 (delivery, self.endpoint, timedelta(seconds=age_s), first_attempt_after_s,
-                 "delivered" if status == "delivered" else "http_5xx", 200 if status == "delivered" else 500))
+                 *{"delivered": ("delivered", 200), "shadow": ("shadow", None)}.get(status, ("http_5xx", 500))))
         return delivery
 
 
@@ -363,7 +363,7 @@ class TestGates:
     def test_phase0(self, db: Database, write_config: WriteConfig, seed: Seed) -> None:
         config = write_config(db)
         for _ in range(20):
-            seed.row(mode="shadow", finished_after_s=0.8)
+            seed.row(mode="shadow", status="shadow", finished_after_s=0.8)
         code, report = gate(config, "phase0")
         assert (code, report["passed"], report["value"]) == (0, True, 0.8)
         seed.row(mode="shadow", status="pending", finished_after_s=None, age_s=30)  # never marked: 30 s and counting
