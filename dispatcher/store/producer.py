@@ -26,7 +26,7 @@ class SendResult:
     # 'live', 'shadow', None (outbox off: nothing written) or 'duplicate' (outbox on and the
     # workspace already has an event with this id: nothing written)
     mode: str | None
-    sequence: int | None      # None only for a flag-off send in a read-only transaction
+    sequence: int | None      # None for a refused duplicate, or a flag-off send in a read-only transaction
     deliveries: int
     legacy_targets: tuple[LegacyTarget, ...]  # outbox off or shadow only
     legacy_payload: str | None
