@@ -299,7 +299,7 @@ class AlertsConfig:
 @dataclass(frozen=True)
 class RetentionConfig:
     dead: float = setting(30 * 86400.0, parse_duration, "keep dead and failed deliveries this long (Q2)")
-    delivered: float = setting(7 * 86400.0, parse_duration, "keep delivered deliveries this long")
+    delivered: float = setting(7 * 86400.0, parse_duration, "keep delivered (and marked shadow) deliveries this long")
     attempts: float = setting(30 * 86400.0, parse_duration, "keep attempt history this long")
     batch: int = setting(5000, _positive_int, "rows deleted per pruning statement")
 
@@ -444,7 +444,7 @@ class Config:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     # How the workers send; dry_run (phase 0) decides whether they send at all.
     dry_run: bool = setting(False, _boolean,
-                            "rollout phase 0: shadow rows are marked delivered unsent; live rows are always sent")
+                            "rollout phase 0: shadow rows are marked shadow, unsent; live rows are always sent")
     http: HttpConfig = field(default_factory=HttpConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)

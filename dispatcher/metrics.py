@@ -61,8 +61,9 @@ class Metrics:
 
     # -- what the dispatcher reports -----------------------------------------
 
-    def attempts(self, results: Iterable[tuple[str, float, float | None]]) -> None:
-        """One (result, attempt seconds, commit-to-2xx seconds or None) per attempt, in one batch."""
+    def attempts(self, results: Iterable[tuple[str, float | None, float | None]]) -> None:
+        """One (result, attempt seconds, commit-to-2xx seconds) per attempt, in one batch; a None
+        duration is no sample (a shadow row's mark: counted under its own result, never timed)."""
         if self._sock is None:
             return
         counts: dict[str, int] = {}
@@ -74,7 +75,8 @@ class Metrics:
         commit_head, commit_tail = self._template(_LATENCY, kind, (("stage", "commit_to_2xx"),))
         for result, duration, commit_to_2xx in results:
             counts[result] = counts.get(result, 0) + 1
-            lines.append(attempt_head + value(duration) + attempt_tail)
+            if duration is not None:
+                lines.append(attempt_head + value(duration) + attempt_tail)
             if commit_to_2xx is not None:
                 lines.append(commit_head + value(commit_to_2xx) + commit_tail)
         # A counter sent once with n is the same to statsd as n sends of 1.
@@ -102,6 +104,10 @@ class Metrics:
         if write is not None:
             lines.append(self._seconds("webhook_producer_outbox_write_seconds", write))
         self._send(lines)
+
+    def producer_shadow_skipped(self, reason: str) -> None:
+        """A flag-off send that wrote no shadow rows where they were due (docs/producer.md)."""
+        self._send([self._line("webhook_producer_shadow_skipped_total", 1, "c", (("reason", reason),))])
 
     def gauges(self, values: Iterable[tuple[str, float]]) -> None:
         """Unlabelled gauges, in one datagram (the upkeep leader's figures)."""

@@ -13,9 +13,13 @@ Outbox off (docs/decisions.md, Flag off): ``send`` itself makes one signed POST
 per subscribed endpoint, inline, before it returns, with a total deadline of
 ``producer.legacy_timeout`` (5 s) per POST, through the engine's transport and
 outbound policy (``dispatcher/outbound/legacy.py``).  The result is logged and
-discarded; a delivery failure never raises.  With ``producer.shadow_writes``
-(rollout phase 0) the statement also writes ``mode='shadow'`` rows, which the
-dispatcher marks delivered without sending.
+discarded; a delivery failure never raises.  The statement numbers the event
+from the same SEQUENCE as the outbox path, so the body carries a sequence
+(docs/decisions.md, Sequence in every body).  With ``producer.shadow_writes``
+(rollout phase 0) it also writes ``mode='shadow'`` rows, which the dispatcher
+marks ``shadow`` without sending.  What it cannot write (a reused id, a
+read-only transaction) it skips; ``send`` logs and counts that, and POSTs all
+the same.
 
 A POST made inside a transaction that later rolls back is not recalled: the
 receiver has the event although the caller's change (and any shadow row) is
@@ -33,7 +37,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,6 +77,7 @@ class StoredEvent:
     sequence: int | None
     deliveries: int           # outbox rows written
     legacy_posts: int = 0     # synchronous POSTs made inside send() (outbox off)
+    skipped: str | None = None  # outbox off: 'duplicate_id' or 'read_only' (SendResult.skipped)
 
 
 class WebhookSender:
@@ -92,7 +97,10 @@ class WebhookSender:
         if result.mode == "duplicate":
             raise ProducerError(f"workspace {event.workspace_id!r} already has an event with id {params['event_id']!r}")
         stored = StoredEvent(params["event_id"], event.workspace_id, event.type, result.mode, result.sequence,
-                             result.deliveries, len(result.legacy_targets) if result.mode != "live" else 0)
+                             result.deliveries, len(result.legacy_targets) if result.mode != "live" else 0,
+                             result.skipped)
+        if stored.skipped is not None:
+            self._report_skipped(stored, params["shadow_writes"])
         if stored.legacy_posts:
             self._legacy_send(stored, result, params)
         self._time(stored.mode, written - started, time.perf_counter() - started)
@@ -115,6 +123,19 @@ class WebhookSender:
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+    def _report_skipped(self, stored: StoredEvent, shadow_writes: bool) -> None:
+        """What the flag-off statement could not write: logged, and counted when a shadow row was due.
+        The POST that follows is made all the same (docs/producer.md)."""
+        if stored.skipped == "duplicate_id":
+            what = "its shadow rows (the workspace already has an event with this id)"
+        else:
+            what = ("its sequence" + (" and shadow rows" if shadow_writes else "")
+                    + " (a read-only transaction: the body's sequence is null)")
+        log.warning("flag-off send skipped %s, the POST is made: workspace_id=%s event_id=%s reason=%s",
+                    what, stored.workspace_id, stored.id, stored.skipped)
+        if shadow_writes:
+            self._metric(lambda metrics: metrics.producer_shadow_skipped(stored.skipped or ""))
 
     def _legacy_send(self, stored: StoredEvent, result: SendResult, params: Mapping[str, Any]) -> None:
         body = event_body(stored.id, stored.type, stored.workspace_id, result.sequence,
@@ -153,13 +174,16 @@ class WebhookSender:
         return self._transport
 
     def _time(self, mode: str | None, write: float, total: float) -> None:
-        # Metrics never block or break send(): UDP, and any error is swallowed.  The whole
-        # call by path, and the outbox statement alone (the RFC's phase 0 gate: "outbox
-        # insert adds under 2 ms p99 to producers"); names in docs/metrics.md.
+        # The whole call by path, and the outbox statement alone (the RFC's phase 0 gate:
+        # "outbox insert adds under 2 ms p99 to producers"); names in docs/metrics.md.
+        self._metric(lambda metrics: metrics.producer_send(mode or "off", total, write if mode is not None else None))
+
+    def _metric(self, send: Callable[[Metrics], None]) -> None:
+        # Metrics never block or break send(): UDP, and any error is swallowed.
         try:
             if self._metrics is None:
                 self._metrics = Metrics(self._config.statsd, self._config.region)
-            self._metrics.producer_send(mode or "off", total, write if mode is not None else None)
+            send(self._metrics)
         except Exception:
             log.debug("producer metrics failed", exc_info=True)
 

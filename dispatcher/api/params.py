@@ -28,7 +28,7 @@ DEFAULT_LIMIT = 50
 DEFAULT_STATS_WINDOW = 86400
 MIN_STATS_WINDOW, MAX_STATS_WINDOW = 3600, 7 * 86400
 DEFAULT_STATS_BUCKETS, MAX_STATS_BUCKETS = 24, 96
-STATUSES = ("pending", "delivered", "failed", "dead")
+STATUSES = ("pending", "delivered", "failed", "dead", "shadow")
 
 _INT = re.compile(r"[0-9]{1,19}")
 # RFC 3339 date-time: a full date, 'T', a time and a mandatory offset.

@@ -137,8 +137,8 @@ def status_document(config: Config, raw: dict[str, Any], verdict: Verdict) -> di
     """The ``status --json`` document (version 1, docs/operations.md); plain JSON types only."""
     backlog: BacklogFigures = raw["backlog"]
     pending, oldest = raw["pending"], raw["oldest_due"]
-    statuses = {window: {s: 0 for s in ("pending", "delivered", "failed", "dead")} for window in ("last_hour",
-                                                                                                  "last_day")}
+    statuses = {window: {s: 0 for s in ("pending", "delivered", "failed", "dead", "shadow")}
+                for window in ("last_hour", "last_day")}
     for row in raw["statuses"]:
         for window in statuses:
             statuses[window][row["status"]] = int(row[window])

@@ -26,6 +26,7 @@ from dispatcher.rules.limits import slot_hold
 from dispatcher.rules.retry import (
     ENDPOINT_DEACTIVATED,
     ENDPOINT_DELETED,
+    SHADOW_MARK,
     Outcome,
     RetryPolicies,
     Verdict,
@@ -39,7 +40,7 @@ from dispatcher.store.engine import AttemptRecord, ClaimedRow
 log = logging.getLogger("dispatcher.delivery")
 
 _STATUS_OF = {Verdict.DELIVERED: "delivered", Verdict.RETRY: "pending", Verdict.DEAD: "dead",
-              Verdict.FAILED: "failed"}
+              Verdict.FAILED: "failed", Verdict.SHADOW: "shadow"}
 
 
 def _secrets(row: ClaimedRow) -> tuple[str | None, str | None]:
@@ -55,6 +56,11 @@ class Attempt:
     event_id: str
     breaker: BreakerSignal
     commit_to_2xx: float | None   # seconds from the row's creation to its 2xx
+
+    @property
+    def latency(self) -> float | None:
+        """The attempt's latency sample in seconds; None for a shadow row, which was never sent."""
+        return None if self.record.status == "shadow" else self.record.duration_ms / 1000.0
 
 
 def build_transport(config: Config) -> Transport:
@@ -126,10 +132,10 @@ class DeliveryMaker:
             return terminal(ENDPOINT_DEACTIVATED)
         if row.event_type is None or row.payload is None:
             return terminal("event not found")
-        # Only shadow rows are ever marked delivered without a POST; dry_run
-        # must never swallow a live row (docs/decisions.md, Dry run).
+        # Only shadow rows are ever done without a POST, and never as delivered;
+        # dry_run must never swallow a live row (docs/decisions.md, Dry run, Shadow rows).
         if row.mode == "shadow":
-            return Outcome(Verdict.DELIVERED, "delivered", None, BreakerSignal.IGNORE, None)
+            return SHADOW_MARK
         # The id goes into two headers: one that cannot (a row from before the
         # producer refused such ids, or from an outside tool) fails the row here,
         # once, instead of failing every attempt for 24 h against the breaker.

@@ -133,14 +133,15 @@ class Upkeep:
         """Q2: dead and failed rows are kept ``retention.dead`` after they ended
         (they end at most ``retry.ceiling`` after creation, or, behind an open
         breaker, once a probe after it fails: up to ``breaker.open_for`` later),
-        delivered rows ``retention.delivered``, attempt history ``retention.attempts``."""
+        delivered rows and marked shadow rows ``retention.delivered``, attempt
+        history ``retention.attempts``."""
         retention = self._config.retention
         ceiling = max([self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())])
         ended_by = ceiling + self._config.breaker.open_for
         deleted = (self._prune_until_short(lambda: self._store.prune_deliveries(
                        ("dead", "failed"), retention.dead + ended_by, retention.batch))
                    + self._prune_until_short(lambda: self._store.prune_deliveries(
-                       ("delivered",), retention.delivered, retention.batch))
+                       ("delivered", "shadow"), retention.delivered, retention.batch))
                    + self._prune_until_short(lambda: self._store.prune_attempts(retention.attempts, retention.batch)))
         if deleted:
             log.info("retention: pruned %d rows", deleted)

@@ -497,7 +497,7 @@ class Worker:
         if stale:
             log.warning("%d stale results rejected by the claim-token fence (lease lapsed)", stale)
         kept = [a for a in batch if a.record.id in written]
-        self._metrics.attempts((a.record.result, a.record.duration_ms / 1000.0, a.commit_to_2xx) for a in kept)
+        self._metrics.attempts((a.record.result, a.latency, a.commit_to_2xx) for a in kept)
         self._update_breakers(kept)
         return True
 

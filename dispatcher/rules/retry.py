@@ -47,6 +47,7 @@ __all__ = [
     "ResultLabel",
     "RetryPolicies",
     "RetryPolicy",
+    "SHADOW_MARK",
     "Verdict",
     "backoff_table",
     "classify",
@@ -244,6 +245,7 @@ class Verdict(enum.Enum):
     RETRY = "retry"
     DEAD = "dead"
     FAILED = "failed"  # terminal: the row can never be sent
+    SHADOW = "shadow"  # a shadow row (rollout phase 0), done without a POST: never a delivery
 
 
 # The `result` label of webhook_delivery_attempts_total and of the attempt log.
@@ -260,6 +262,7 @@ ResultLabel = Literal[
     "invalid_url",
     "protocol",
     "failed",
+    "shadow",
 ]
 
 
@@ -365,6 +368,11 @@ def terminal(reason: str) -> Outcome:
     No attempt was made, so the breaker learns nothing.
     """
     return Outcome(Verdict.FAILED, "failed", None, BreakerSignal.IGNORE, clip_error(reason))
+
+
+# A shadow row's end (rollout phase 0): marked done without a POST, so never a
+# delivery: a status and a result of its own, and nothing for the breaker.
+SHADOW_MARK = Outcome(Verdict.SHADOW, "shadow", None, BreakerSignal.IGNORE, None)
 
 
 # --------------------------------------------------------------------------

@@ -48,7 +48,7 @@ log = logging.getLogger("dispatcher.supervisor")
 
 # Loud on purpose: an operator who set dry_run expecting "send nothing" must
 # learn that live rows are sent (docs/decisions.md, Dry run).
-DRY_RUN_WARNING = ("dry_run is on: mode='shadow' rows are marked delivered without a POST; "
+DRY_RUN_WARNING = ("dry_run is on: mode='shadow' rows are marked shadow (done, never delivered) without a POST; "
                    "mode='live' rows are still sent normally (dry run never skips a live row)")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP,

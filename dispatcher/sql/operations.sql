@@ -107,12 +107,13 @@ SELECT s.endpoint_id, e.workspace_id, s.state, coalesce(s.opened_at, s.updated_a
 
 -- name: operations_top_failing
 -- The endpoints with the most failed attempts in the last hour (attempt
--- history; the BRIN index on started_at bounds the scan).
+-- history; the BRIN index on started_at bounds the scan). A shadow row's mark
+-- (result shadow) is neither a delivery nor a failure: nothing was sent.
 SELECT a.endpoint_id, e.workspace_id, count(*) AS failures, max(a.started_at) AS last_failure_at,
        (array_agg(a.result ORDER BY a.started_at DESC))[1] AS last_result
   FROM webhook_delivery_attempts a
   LEFT JOIN webhook_endpoints e ON e.id = a.endpoint_id
- WHERE a.started_at > now() - interval '1 hour' AND a.result <> 'delivered'
+ WHERE a.started_at > now() - interval '1 hour' AND a.result NOT IN ('delivered', 'shadow')
  GROUP BY a.endpoint_id, e.workspace_id
  ORDER BY failures DESC, a.endpoint_id
  LIMIT 10;

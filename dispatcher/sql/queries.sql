@@ -74,12 +74,12 @@ SELECT status, count(*) FROM webhook_deliveries
 
 -- name: send_event
 -- The producer's single round trip (2 ms p99 budget), inside the caller's
--- transaction: dispatcher_send_event (migration 0012) decides the mode from
--- the rollout rule, numbers the event from a SEQUENCE (no row lock),
--- inserts the event and one delivery per active subscribed customer
--- endpoint, and returns what the legacy synchronous path needs when the
--- outbox is off. A function so that its plans are cached per session: this
--- call is all Postgres plans per send.
-SELECT mode, sequence, deliveries, legacy_targets, legacy_payload
+-- transaction: dispatcher_send_event (migrations 0012, 0015) decides the mode
+-- from the rollout rule, numbers the event from a SEQUENCE (no row lock) on
+-- every path, inserts the event and one delivery per active subscribed
+-- customer endpoint, and returns what the legacy synchronous path needs when
+-- the outbox is off (and what it skipped). A function so that its plans are
+-- cached per session: this call is all Postgres plans per send.
+SELECT mode, sequence, deliveries, legacy_targets, legacy_payload, skipped
   FROM dispatcher_send_event(%(workspace_id)s, %(event_id)s, %(type)s, %(occurred_at)s::timestamptz,
                              %(payload)s::jsonb, %(payload_hash)s, %(shadow_writes)s, %(grace)s::float8);

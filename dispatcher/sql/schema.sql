@@ -79,7 +79,6 @@ CREATE TABLE webhook_deliveries (
     locked_until     timestamp with time zone,
     claim_token      bigint,
     CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
-    CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text]))),
     CONSTRAINT webhook_deliveries_mode_check CHECK ((mode = ANY (ARRAY['live'::text, 'shadow'::text])))
 ) WITH (fillfactor=50);
 
@@ -244,6 +243,10 @@ CREATE TABLE alert_episodes (
 
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
+ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
+
+ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_shadow_status CHECK (((status <> ALL (ARRAY['delivered'::text, 'shadow'::text])) OR ((status = 'shadow'::text) = (mode = 'shadow'::text)))) NOT VALID;
+
 CREATE INDEX webhook_endpoints_workspace ON public.webhook_endpoints USING btree (workspace_id) WHERE active;
 
 CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (endpoint_id, next_attempt_at) WHERE (status = 'pending'::text);
@@ -371,72 +374,6 @@ AS $function$
            END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.dispatcher_send_event(p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamp with time zone, p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace double precision)
- RETURNS TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text)
- LANGUAGE plpgsql
-AS $function$
-#variable_conflict use_column
-DECLARE
-    chosen text;
-    numbered bigint;
-    targets jsonb;
-    written int := 0;
-BEGIN
-    -- A scalar subquery for the one-row settings table: joined, its
-    -- unanalysed row estimate (~2000) pushed the cost past JIT's threshold.
-    SELECT CASE WHEN webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
-                                       (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
-                THEN 'live'
-                WHEN p_shadow_writes THEN 'shadow' END
-      INTO chosen
-      FROM workspaces w
-      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
-     WHERE w.id = p_workspace_id;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF chosen IS NOT NULL THEN
-        numbered := nextval('event_sequence');
-        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
-        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload)
-        ON CONFLICT (workspace_id, id) DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text;
-            RETURN;
-        END IF;
-    END IF;
-    IF chosen = 'live' THEN
-        -- The hot path: one INSERT ... SELECT, nothing returned but the count.
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
-        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live'
-          FROM webhook_endpoints e
-         WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
-           AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
-        GET DIAGNOSTICS written = ROW_COUNT;
-        RETURN QUERY SELECT chosen, numbered, written, NULL::jsonb, NULL::text;
-        RETURN;
-    END IF;
-    SELECT coalesce(jsonb_agg(jsonb_build_object(
-               'id', e.id, 'url', e.url,
-               'secrets', dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
-                                                     w.secret, w.previous_secret, w.secret_rotated_at, p_grace))
-               ORDER BY e.id), '[]')
-      INTO targets
-      FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
-     WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
-       AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
-    IF chosen = 'shadow' THEN
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
-        SELECT p_workspace_id, (t ->> 'id')::bigint, p_event_id, p_payload_hash, 'shadow'
-          FROM jsonb_array_elements(targets) AS t;
-        GET DIAGNOSTICS written = ROW_COUNT;
-    END IF;
-    -- jsonb's own text form, so the synchronous body is byte-identical to
-    -- what the dispatcher sends for the same event (it reads payload::text).
-    RETURN QUERY SELECT chosen, numbered, written, targets, p_payload::text;
-END;
-$function$;
-
 CREATE OR REPLACE FUNCTION public.dispatcher_lane_free(endpoint bigint, concurrency integer, max_per_second double precision)
  RETURNS integer
  LANGUAGE plpgsql
@@ -464,6 +401,85 @@ CREATE OR REPLACE FUNCTION public.dispatcher_unleased(locked_until timestamp wit
  STABLE PARALLEL SAFE
 AS $function$
     SELECT locked_until IS NULL OR locked_until <= now()
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_send_event(p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamp with time zone, p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace double precision)
+ RETURNS TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text, skipped text)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    outbox boolean;
+    numbered bigint;
+    targets jsonb;
+    written int := 0;
+    shadow boolean := false;
+    why text;
+BEGIN
+    -- A scalar subquery for the one-row settings table: joined, its
+    -- unanalysed row estimate (~2000) pushed the cost past JIT's threshold.
+    SELECT webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
+                             (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
+      INTO outbox
+      FROM workspaces w
+      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+     WHERE w.id = p_workspace_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF outbox THEN
+        numbered := nextval('event_sequence');
+        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
+        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload)
+        ON CONFLICT (workspace_id, id) DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+        -- The hot path: one INSERT ... SELECT, nothing returned but the count.
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
+        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live'
+          FROM webhook_endpoints e
+         WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
+           AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
+        GET DIAGNOSTICS written = ROW_COUNT;
+        RETURN QUERY SELECT 'live'::text, numbered, written, NULL::jsonb, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+    -- Outbox off: whatever happens below, the caller gets its targets and POSTs.
+    IF current_setting('transaction_read_only') = 'on' THEN
+        why := 'read_only';
+    ELSE
+        numbered := nextval('event_sequence');
+        IF p_shadow_writes THEN
+            INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
+            VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload)
+            ON CONFLICT (workspace_id, id) DO NOTHING;
+            shadow := FOUND;
+            IF NOT shadow THEN
+                why := 'duplicate_id';
+            END IF;
+        END IF;
+    END IF;
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'id', e.id, 'url', e.url,
+               'secrets', dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
+                                                     w.secret, w.previous_secret, w.secret_rotated_at, p_grace))
+               ORDER BY e.id), '[]')
+      INTO targets
+      FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
+     WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
+       AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
+    IF shadow THEN
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
+        SELECT p_workspace_id, (t ->> 'id')::bigint, p_event_id, p_payload_hash, 'shadow'
+          FROM jsonb_array_elements(targets) AS t;
+        GET DIAGNOSTICS written = ROW_COUNT;
+    END IF;
+    -- jsonb's own text form, so the synchronous body is byte-identical to
+    -- what the dispatcher sends for the same event (it reads payload::text).
+    RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
+END;
 $function$;
 
 CREATE TRIGGER webhook_endpoints_limit BEFORE INSERT OR UPDATE OF active, workspace_id ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION webhook_endpoints_limit();

@@ -23,13 +23,17 @@ class LegacyTarget:
 class SendResult:
     """What ``send_event`` wrote, and what the legacy path needs when the outbox is off."""
 
-    # 'live', 'shadow', None (outbox off: nothing written) or 'duplicate' (the
+    # 'live', 'shadow', None (outbox off: nothing written) or 'duplicate' (outbox on and the
     # workspace already has an event with this id: nothing written)
     mode: str | None
-    sequence: int | None
+    sequence: int | None      # None for a refused duplicate, or a flag-off send in a read-only transaction
     deliveries: int
     legacy_targets: tuple[LegacyTarget, ...]  # outbox off or shadow only
     legacy_payload: str | None
+    # Outbox off: what the statement could not write, and the POST is made all the same.
+    # 'duplicate_id' (shadow writes on, the id is taken: no shadow rows) or 'read_only'
+    # (a read-only transaction: no sequence, no shadow rows); None: nothing skipped.
+    skipped: str | None = None
 
 
 def send_event(conn: Connection, params: Mapping[str, Any], grace: float) -> SendResult | None:
@@ -42,7 +46,7 @@ def send_event(conn: Connection, params: Mapping[str, Any], grace: float) -> Sen
         found = cur.fetchone()
     if found is None:
         return None
-    mode, sequence, deliveries, targets, payload = found
+    mode, sequence, deliveries, targets, payload, skipped = found
     legacy = tuple(LegacyTarget(int(t["id"]), t["url"], tuple(s for s in t["secrets"] if s))
                    for t in targets or ())
-    return SendResult(mode, sequence, int(deliveries), legacy, payload)
+    return SendResult(mode, sequence, int(deliveries), legacy, payload, skipped)

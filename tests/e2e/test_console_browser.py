@@ -165,6 +165,33 @@ def test_a_bad_token_is_reported_not_crashed_on(db, console_url: str, browser: A
     assert "401" in message.inner_text()
 
 
+def test_a_shadow_row_shows_as_shadow_not_sent(db, console_url: str, browser: Any) -> None:
+    """A shadow row the dispatcher marked (rollout phase 0) is never shown as a delivery."""
+    world = World(db)
+    ws = world.workspace("acme")
+    endpoint = world.endpoint(ws, "https://ops.acme.example/webhooks/dispatch")
+    event = world.event(ws, "evt_phase0")
+    shadow = world.delivery(ws, endpoint, event, "shadow", attempt=1, mode="shadow", age=timedelta(minutes=5))
+    world.sql("UPDATE webhook_deliveries SET finished_at = created_at + interval '1 second' WHERE id = %s", (shadow,))
+    world.attempt(shadow, endpoint, 1, "shadow", None, duration_ms=0)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(10_000)
+    page.goto(console_url + "/console")
+    page.fill("#token", world.token(ws))
+    page.click("#save-token")
+    page.select_option("#lookup-kind", "event")
+    page.fill("#lookup-id", event)
+    page.click("#lookup-btn")
+    row = page.locator(f'#event-view tr.delivery[data-id="{shadow}"]')
+    row.wait_for()
+    assert "shadow, not sent" in row.locator(".badge").inner_text()
+    assert "delivered" not in row.inner_text()
+    attempt = page.locator(f'tr.attempts[data-for="{shadow}"] tr.attempt')
+    attempt.wait_for()
+    assert "shadow, not sent" in attempt.inner_text() and "delivered" not in attempt.inner_text()
+    world.conn.close()
+
+
 # --- the overview (issue 12, section 5) ----------------------------------------------------------
 
 

@@ -188,19 +188,22 @@ def test_the_producer_timers_arrive_as_documented(mode: str, db, listener: socke
     config = config_from_mapping({
         "region": "test", "database": {"dsn": db.dsn},
         "statsd": {"enabled": True, "host": "127.0.0.1", "port": listener.getsockname()[1], "prefix": "dx.test",
-                   "tags": mode}})
+                   "tags": mode},
+        "producer": {"shadow_writes": True}})
     sender = WebhookSender(config)
     conn = psycopg2.connect(db.dsn)
     try:
-        for workspace in ("live", "legacy"):
+        # The last one reuses an id: its shadow row is skipped, and counted.
+        for workspace, event_id in (("live", "e1"), ("legacy", "e1"), ("legacy", "e1")):
             with conn:
-                sender.send(conn, Event(workspace, "job.created", {"n": 1}))
+                sender.send(conn, Event(workspace, "job.created", {"n": 1}, id=event_id))
     finally:
         conn.close()
     rows = [row for row in documented() if row.sent_by == "producer"]
-    assert {row.name for row in rows} == {"webhook_producer_send_seconds", "webhook_producer_outbox_write_seconds"}
+    assert {row.name for row in rows} == {"webhook_producer_send_seconds", "webhook_producer_outbox_write_seconds",
+                                          "webhook_producer_shadow_skipped_total"}
     seen: list[Line] = []
-    wait_until(lambda: receive(listener, seen) or len(seen) >= 3, message="the producer's three timer lines")
+    wait_until(lambda: receive(listener, seen) or len(seen) >= 6, message="the producer's five timers, one count")
     for row in rows:
         if mode == "dogstatsd":
             lines = [line for line in seen if line.name == row.name]
@@ -211,4 +214,7 @@ def test_the_producer_timers_arrive_as_documented(mode: str, db, listener: socke
             assert lines and all(line.kind == row.plain_kind and not line.tags for line in lines), (row, seen)
     modes = sorted(line.tags["mode"] if line.tags else line.name.rsplit(".", 1)[1]
                    for line in seen if "send_seconds" in line.name)
-    assert modes == ["live", "off"]
+    assert modes == ["live", "off", "shadow"]
+    skipped = [line for line in seen if "shadow_skipped" in line.name]
+    assert [(line.tags.get("reason") or line.name.rsplit(".", 1)[1], line.value) for line in skipped] == [
+        ("duplicate_id", 1.0)]

@@ -273,7 +273,7 @@ def test_replaying_a_shadow_row_while_the_outbox_is_off_is_409(db: Database, wri
                            "RETURNING id")
     sql(db, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('e1', 'ws', 't', 1, '{}')")
     (shadow,), = sql(db, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, "
-                         "mode) VALUES ('ws', %s, 'e1', 'h', 'delivered', 'shadow') RETURNING id", (endpoint,))
+                         "mode) VALUES ('ws', %s, 'e1', 'h', 'shadow', 'shadow') RETURNING id", (endpoint,))
     conn = db.connect()
     token = auth.create_token(conn, "ws", [auth.READ, auth.WRITE])
     conn.close()
@@ -303,11 +303,12 @@ class Seed:
                                     "'https://h.example/') RETURNING id")
         self.n = 0
 
-    def row(self, mode: str = "live", status: str = "delivered", attempt: int = 1, age_s: float = 60,
+    def row(self, mode: str = "live", status: str | None = None, attempt: int = 1, age_s: float = 60,
             finished_after_s: float | None = 0.5, first_attempt_after_s: float | None = 0.5,
             type_: str = "job.created", event_id: str | None = None, replay_of: int | None = None) -> int:
         self.n += 1
         event_id = event_id or f"e{self.n}"
+        status = status or ("shadow" if mode == "shadow" else "delivered")  # a marked shadow row is 'shadow'
         sql(self.db, "INSERT INTO events (id, workspace_id, type, sequence, payload, created_at) "
                      "VALUES (%s, 'ws', %s, %s, '{}', now() - %s) ON CONFLICT (workspace_id, id) DO NOTHING",
             (event_id, type_, self.n, timedelta(seconds=age_s)))
@@ -325,7 +326,7 @@ class Seed:
                          "duration_ms, result, status_code) VALUES (%s, %s, 1, now() - %s + make_interval(secs => %s),"
                          " 10, %s, %s)",
                 (delivery, self.endpoint, timedelta(seconds=age_s), first_attempt_after_s,
-                 "delivered" if status == "delivered" else "http_5xx", 200 if status == "delivered" else 500))
+                 *{"delivered": ("delivered", 200), "shadow": ("shadow", None)}.get(status, ("http_5xx", 500))))
         return delivery
 
 
@@ -359,7 +360,7 @@ class Seed:
             )
             INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, mode, attempt,
                                             created_at, finished_at)
-            SELECT 'ws', %(ep)s, id, 'h', 'delivered', 'shadow', 1, created_at,
+            SELECT 'ws', %(ep)s, id, 'h', 'shadow', 'shadow', 1, created_at,
                    created_at + make_interval(secs => %(wait)s) FROM ev
             """, {"hours": hours, "ep": self.endpoint, "wait": wait_s})
 

@@ -186,7 +186,7 @@ INDEXES = {
 }
 
 CHECKED_VALUES = {
-    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead"},
+    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead", "shadow"},
     ("webhook_deliveries", "mode"): {"live", "shadow"},
     ("endpoint_state", "state"): {"closed", "open", "half_open"},
     ("rollout_workspaces", "list"): {"include", "exclude"},
@@ -208,9 +208,10 @@ FUNCTIONS = {
     # 0010: the signing secrets a claimed row is sent with.
     "dispatcher_signing_secrets(text,text,timestamp with time zone,text,text,timestamp with time zone,"
     "double precision)": ("text[]", "s"),
-    # 0012: the producer's one statement.
+    # 0012, 0015: the producer's one statement.
     "dispatcher_send_event(text,text,text,timestamp with time zone,jsonb,text,boolean,double precision)": (
-        "TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text)", "v"),
+        "TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text, "
+        "skipped text)", "v"),
     # 0014: the lease test (STABLE, so the planner inlines it) and the lane give-back.
     "dispatcher_unleased(timestamp with time zone)": ("boolean", "s"),
 }

@@ -846,11 +846,13 @@ class TestFlagOff:
         assert sorted(r.path for r in receiver.received()) == ["/all", "/created"], "POSTed before send returned"
         assert conn.status == psycopg2.extensions.STATUS_IN_TRANSACTION, "send never commits"
         conn.commit()
-        assert (stored.mode, stored.sequence, stored.deliveries, stored.legacy_posts) == (None, None, 0, 2)
+        assert (stored.mode, stored.deliveries, stored.legacy_posts) == (None, 0, 2)
+        assert isinstance(stored.sequence, int)
         requests = receiver.received()
         assert len(requests) == 2
         for request in requests:
             body = verified(request)
+            assert body["sequence"] == stored.sequence
             assert body["id"] == stored.id == request.headers["webhook-id"] == request.headers["idempotency-key"]
             assert (body["type"], body["workspace_id"], body["data"]) == ("job.created", "ws", {"job_id": 42})
             assert request.headers["content-type"] == "application/json"
@@ -1159,3 +1161,164 @@ class TestShadowWrites:
             "SELECT sequence, to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
             "payload::text FROM events WHERE id = %s", (stored.id,))
         assert request.body == event_body(stored.id, "job.completed", "ws", sequence, occurred_at, payload_text)
+
+
+# ---------------------------------------------------------------- flag off: the body and the shadow write
+
+
+@pytest.fixture
+def statsd_socket() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    yield sock
+    sock.close()
+
+
+def statsd_lines(sock: socket.socket, want: Callable[[list[str]], bool]) -> list[str]:
+    """Lines read from ``sock`` until ``want`` holds of them (each read waits up to the socket's timeout)."""
+    lines: list[str] = []
+    while not want(lines):
+        lines += sock.recv(4096).decode().splitlines()
+    return lines
+
+
+def skipped_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
+    """The ``key=value`` fields of every WARNING about what a flag-off send could not write."""
+    return [dict(re.findall(r"(\w+)=(\S+)", r.getMessage())) for r in caplog.records
+            if r.levelname == "WARNING" and r.getMessage().startswith("flag-off send ")]
+
+
+class TestFlagOffSequence:
+    """Every body carries a sequence, flag on or off, shadow writes on or off (docs/decisions.md, Sequence in
+    every body), from the same SEQUENCE as the outbox path: producers of one workspace never wait for each other."""
+
+    @pytest.fixture
+    def endpoints(self, db: Database, receiver: Receiver) -> dict[str, int]:
+        make_workspace(db, "ws", outbox=False)
+        return {"all": add_endpoint(db, "ws", receiver.url("/all"))}
+
+    @pytest.mark.parametrize("shadow_writes", [False, True], ids=["flag off", "shadow writes (phase 0)"])
+    def test_every_flag_off_body_carries_an_increasing_sequence(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        endpoints: dict[str, int], shadow_writes: bool,
+    ) -> None:
+        sender = WebhookSender(load_config(write_config(db, producer__shadow_writes=shadow_writes), env={}))
+        with sender.transaction(conn) as tx:
+            sent = [tx.send(job(n=n)) for n in range(3)]
+        bodies = [json.loads(r.body) for r in receiver.received()]
+        assert [body["id"] for body in bodies] == [stored.id for stored in sent]
+        sequences = [body["sequence"] for body in bodies]
+        assert all(isinstance(sequence, int) for sequence in sequences), sequences
+        assert sequences == sorted(set(sequences)), "unique and increasing in allocation order"
+        assert sequences == [stored.sequence for stored in sent]
+        stored_rows = dict(db.query("SELECT id, sequence FROM events"))
+        assert stored_rows == ({stored.id: stored.sequence for stored in sent} if shadow_writes else {})
+
+    @pytest.mark.parametrize("shadow_writes", [False, True], ids=["flag off", "shadow writes (phase 0)"])
+    def test_an_open_transaction_does_not_block_another_flag_off_producer(
+        self, db: Database, write_config: WriteConfig, receiver: Receiver, endpoints: dict[str, int],
+        shadow_writes: bool,
+    ) -> None:
+        sender = WebhookSender(load_config(write_config(db, producer__shadow_writes=shadow_writes), env={}))
+        first, second = db.connect(), db.connect()
+        try:
+            held = sender.send(first, job())  # A sends and keeps its transaction open
+            with second.cursor() as cur:
+                # Were B to queue behind A's transaction, this fails instead of hanging.
+                cur.execute("SET lock_timeout = '10s'")
+            second.commit()
+            passed = sender.send(second, job())
+            second.commit()  # B commits while A is still open
+            assert first.status == psycopg2.extensions.STATUS_IN_TRANSACTION
+            assert held.sequence is not None and passed.sequence is not None
+            assert passed.sequence > held.sequence, "allocation order"
+            first.commit()
+        finally:
+            first.close()
+            second.close()
+        assert [json.loads(r.body)["sequence"] for r in receiver.received()] == [held.sequence, passed.sequence]
+
+    @pytest.mark.parametrize("shadow_writes", [False, True], ids=["flag off", "shadow writes (phase 0)"])
+    def test_a_read_only_transaction_still_gets_its_post(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        endpoints: dict[str, int], shadow_writes: bool, statsd_socket: socket.socket,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """Postgres refuses nextval and inserts in a read-only transaction: that send numbers and writes
+        nothing, and the POST goes out as it always did (without a sequence); logged, and counted when a
+        shadow row was due."""
+        statsd = {"enabled": True, "host": "127.0.0.1", "port": statsd_socket.getsockname()[1], "tags": "dogstatsd"}
+        config = write_config(db, producer__shadow_writes=shadow_writes, statsd=statsd)
+        sender = WebhookSender(load_config(config, env={}))
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION READ ONLY")
+        stored = sender.send(conn, job())
+        (request,) = receiver.received()
+        assert json.loads(request.body)["sequence"] is None
+        assert (stored.mode, stored.sequence, stored.deliveries, stored.legacy_posts) == (None, None, 0, 1)
+        with conn.cursor() as cur:  # the caller's transaction is not aborted
+            cur.execute("SELECT 1")
+        conn.commit()
+        assert nothing_written(db)
+        assert [(line["workspace_id"], line["event_id"], line["reason"]) for line in skipped_lines(caplog)] == [
+            ("ws", stored.id, "read_only")]
+        counted = [line for line in statsd_lines(statsd_socket, lambda got: len(got) >= 1 + shadow_writes)
+                   if line.startswith("webhook_producer_shadow_skipped_total")]
+        assert counted == (["webhook_producer_shadow_skipped_total:1|c|#reason:read_only,region:test"]
+                           if shadow_writes else [])
+
+
+class TestReusedIdWithTheFlagOff:
+    """On the flag-off path the POST is always made: a shadow row that cannot be written is skipped,
+    logged and counted (docs/producer.md, "A shadow row that cannot be written")."""
+
+    @pytest.fixture
+    def endpoints(self, db: Database, receiver: Receiver) -> dict[str, int]:
+        make_workspace(db, "ws", outbox=False)
+        return {"all": add_endpoint(db, "ws", receiver.url("/all")),
+                "created": add_endpoint(db, "ws", receiver.url("/created"), ["job.created"])}
+
+    def test_a_reused_event_id_still_posts_and_skips_the_shadow_rows(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        endpoints: dict[str, int], statsd_socket: socket.socket, caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        statsd = {"enabled": True, "host": "127.0.0.1", "port": statsd_socket.getsockname()[1], "prefix": "p",
+                  "tags": "none"}
+        sender = WebhookSender(load_config(write_config(db, producer__shadow_writes=True, statsd=statsd), env={}))
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        first = sender.send(conn, Event("ws", "job.created", {"n": 1}, id="evt_1"))
+        conn.commit()
+        open_transaction(conn)
+        again = sender.send(conn, Event("ws", "job.created", {"n": 2}, id="evt_1"))
+        assert (again.mode, again.deliveries, again.legacy_posts) == (None, 0, 2)
+        assert first.sequence is not None and again.sequence is not None and again.sequence > first.sequence
+        requests = receiver.received()
+        assert sorted(r.path for r in requests) == ["/all", "/all", "/created", "/created"]
+        latest = [verified(r) for r in requests[2:]]
+        assert latest == [{"id": "evt_1", "type": "job.created", "workspace_id": "ws", "sequence": again.sequence,
+                           "occurred_at": latest[0]["occurred_at"], "data": {"n": 2}}] * 2
+        assert [(line["workspace_id"], line["event_id"], line["reason"]) for line in skipped_lines(caplog)] == [
+            ("ws", "evt_1", "duplicate_id")]
+        # The caller's transaction lives on: its next event is written as usual.
+        sender.send(conn, Event("ws", "job.created", {"n": 3}, id="evt_2"))
+        conn.commit()
+        assert sorted(db.query("SELECT id, payload FROM events")) == [("evt_1", {"n": 1}), ("evt_2", {"n": 3})]
+        assert sorted(db.query("SELECT event_id, count(*) FROM webhook_deliveries GROUP BY event_id")) == [
+            ("evt_1", 2), ("evt_2", 2)]
+        lines = statsd_lines(statsd_socket, lambda got: sum("send_seconds" in line for line in got) >= 3)
+        assert [line for line in lines if "shadow_skipped" in line] == [
+            "p.webhook_producer_shadow_skipped_total.duplicate_id:1|c"]
+
+    def test_the_flag_on_path_still_refuses_a_reused_id(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        endpoints: dict[str, int],
+    ) -> None:
+        sender = WebhookSender(load_config(write_config(db, producer__shadow_writes=True), env={}))
+        set_outbox_flag(db, "ws", True)
+        sender.send(conn, Event("ws", "job.created", {"n": 1}, id="evt_1"))
+        conn.commit()
+        with pytest.raises(ProducerError, match="already has an event with id 'evt_1'"):
+            sender.send(conn, Event("ws", "job.created", {"n": 2}, id="evt_1"))
+        assert receiver.received() == []

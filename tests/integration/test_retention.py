@@ -12,6 +12,7 @@ ROWS = [  # (status, created days ago, expected to survive)
     ("delivered", 8, False), ("delivered", 6, True),
     ("dead", 32, False), ("failed", 32, False), ("dead", 30.5, True), ("dead", 20, True),
     ("pending", 60, True),  # never pruned, whatever its age: it is still owed a delivery
+    ("shadow", 8, False), ("shadow", 6, True),  # marked shadow rows: kept as long as delivered ones
 ]
 
 
@@ -19,8 +20,8 @@ def test_upkeep_prunes_by_status_and_age_and_never_pending(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     for n, (status, days, _) in enumerate(ROWS):
         query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, "
-                      "created_at) VALUES ('ws', %s, %s, 'h', %s, now() - make_interval(secs => %s))",
-              (endpoint, f"ev-{n}", status, days * 86400))
+                      "mode, created_at) VALUES ('ws', %s, %s, 'h', %s, %s, now() - make_interval(secs => %s))",
+              (endpoint, f"ev-{n}", status, "shadow" if status == "shadow" else "live", days * 86400))
     for days in (31, 29):
         query(db.dsn, "INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, "
                       "duration_ms, result) VALUES (1, %s, 1, now() - make_interval(secs => %s), 5, 'delivered')",
