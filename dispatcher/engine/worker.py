@@ -160,9 +160,7 @@ class Worker:
         # about as much for one row as for four.
         self._share = -(-workers.per_endpoint_concurrency // workers.processes)
         self._held = 0
-        # Whether rows wait on slots rather than on this process (LanePolicy.budget): assumed at
-        # start, so a lone hot endpoint's first claim already takes only this process's share.
-        self._slot_bound = True
+        self._slots = 0   # the slots all lanes hold (the sum of their grants)
         self._finished: list[Attempt] = []
         self._slot_entries: list[SlotEntry] = []
         self._wake = gevent.event.Event()
@@ -228,7 +226,6 @@ class Worker:
                 continue
             backoff.reset()
             walked = sum(1 for row in rows if row.grants_slot)
-            self._slot_bound = LanePolicy.slot_bound(want, walked, self._slot_bound)
             self._accept(rows)
             self._settle_refills(refill, rows, answered=True)
             if walked < want:
@@ -243,16 +240,16 @@ class Worker:
     def _refills(self, room: int) -> list[tuple[int, int]]:
         """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
         marks what is asked, within ``room``."""
-        now, budget = time.monotonic(), self._lane_budget()
+        now = time.monotonic()
         refill: list[tuple[int, int]] = []
-        if budget < 2:  # no lane can queue ahead (LanePolicy.refill)
+        if self._lane_budget(1) < 2:  # no lane can queue ahead (LanePolicy.budget, refill)
             return refill
         # The emptiest lanes first: when room is short, it goes where senders would wait.
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
             if lane.asked or lane.closing or not lane.grants:
                 continue
             want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started,
-                                                      budget))
+                                                      self._lane_budget(lane.slots)))
             if want > 0 or self._lane_policy.renewal_due(now - lane.renewed):
                 room -= max(want, 0)
                 lane.asked = max(want, 0)
@@ -294,6 +291,7 @@ class Worker:
                 lane = self._lanes[row.endpoint_id] = Lane(started=claimed_at, renewed=claimed_at)
             if row.grants_slot:
                 lane.grants[row.claim_token] = lane.grants.get(row.claim_token, 0) + 1
+                self._slots += 1
             lane.queue.append((row, claimed_at))
             self._held += 1
         for endpoint_id in {row.endpoint_id for row in rows}:
@@ -371,18 +369,24 @@ class Worker:
         return [endpoint_id for endpoint_id, lane in self._lanes.items() if lane.slots >= share]
 
     def _walk_share(self) -> int:
-        """Slots one walk visit may take: the process's share while its lanes can queue ahead."""
+        """Slots one walk visit may take: the process's share while a lane of a whole endpoint's
+        slots could still queue ahead."""
         limit = self.config.workers.per_endpoint_concurrency
-        return self._share if self._lane_budget() >= 2 * limit else limit
+        workers = self.config.workers
+        roomy = self._lane_policy.budget(workers.max_in_flight, limit, self._slots + limit) >= 2 * limit
+        return self._share if roomy else limit
 
-    def _lane_budget(self) -> int:
-        """Rows one lane may queue (LanePolicy.budget)."""
-        return self._lane_policy.budget(self.config.workers.max_in_flight, len(self._lanes), self._slot_bound)
+    def _lane_budget(self, slots: int) -> int:
+        """Rows a lane of ``slots`` may hold (LanePolicy.budget)."""
+        return self._lane_policy.budget(self.config.workers.max_in_flight, slots, self._slots)
 
     def _wants_rows(self, lane: Lane) -> bool:
         """The lane, open and holding slots, would ask the next claim for rows (LanePolicy.refill)."""
-        return (not lane.closing and bool(lane.grants) and self._lane_policy.refill(
-            lane.slots, len(lane.queue), lane.mean, time.monotonic() - lane.started, self._lane_budget()) > 0)
+        if lane.closing or not lane.grants:
+            return False
+        slots = lane.slots
+        return self._lane_policy.refill(slots, len(lane.queue), lane.mean, time.monotonic() - lane.started,
+                                        self._lane_budget(slots)) > 0
 
     def _wake_if_low(self, lane: Lane) -> None:
         if not lane.asked and self._wants_rows(lane):
@@ -418,6 +422,7 @@ class Worker:
                 return
             given = min(spare, lane.grants[token])
             spare -= given
+            self._slots -= given
             lane.grants[token] -= given
             self._slot_entries.append(SlotEntry(endpoint_id, token, lane.grants[token]))
             if not lane.grants[token]:
@@ -427,6 +432,7 @@ class Worker:
         """Every slot of the lane goes back with the next flush (within ``workers.flush_interval``:
         a flush of its own per lane would cost a statement per lane); a resting one after its hold."""
         del self._lanes[endpoint_id]
+        self._slots -= lane.slots
         now = time.monotonic()
         resting = sorted(end - now for end in lane.cooling if end > now)
         for token, count in lane.grants.items():

@@ -49,22 +49,17 @@ class LanePolicy:
         depth = self.depth(slots, mean, budget)
         return depth - queued if queued * 2 <= depth else 0
 
-    def budget(self, max_in_flight: int, lanes: int, slot_bound: bool) -> int:
-        """Rows one lane may queue: an even part of what the process may hold, while the process
-        is *slot-bound* (its last walk took fewer rows than it could: every endpoint with due rows
-        was at its limit, so rows wait on slots, not on the process); none while it is
-        *room-bound* (the walk filled its part), as the walk then keeps every slot busy by
-        itself and a lane holding slots idle between claims would only keep them from the
-        region's other processes."""
-        if not self.hold or not slot_bound:
+    def budget(self, max_in_flight: int, slots: int, slots_held: int) -> int:
+        """Rows a lane of ``slots`` may hold, queued and in flight: its part, by slots, of what
+        the process may hold (``max_in_flight``) among the ``slots_held`` of all its lanes.  A
+        process whose slots already fill half of what it may hold (a spread load: hundreds of
+        endpoints keep every sender busy) leaves its lanes less than two rows a slot, so none
+        queues ahead or keeps a slot past its last row (``refill``): rows there wait on the
+        process, not on slots, and a lane keeping slots idle between claims would only keep them
+        from the region's other processes."""
+        if not self.hold:
             return 0
-        return max_in_flight // max(1, lanes)
-
-    @staticmethod
-    def slot_bound(walk_wanted: int, walk_took: int, before: bool) -> bool:
-        """After a claim: whether the process is slot-bound (``budget``); a claim whose walk
-        wanted nothing tells nothing, and the state before stands."""
-        return before if walk_wanted <= 0 else walk_took < walk_wanted
+        return max_in_flight * slots // max(slots_held, slots, 1)
 
     def renewal_due(self, since_renewed: float) -> bool:
         """The slots' lease must be renewed (by the next claim) to outlast what is queued."""

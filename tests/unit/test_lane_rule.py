@@ -94,28 +94,24 @@ def test_a_flush_writes_one_entry_per_slot_key_the_last() -> None:
     assert written == [SlotEntry(1, 7, 0, 1, 9.5), SlotEntry(2, 7, 1)]
 
 
-@pytest.mark.parametrize(("lanes", "slot_bound", "budget"), [
-    (1, True, 512),     # one hot lane, rows waiting on its slots: it may queue up to what the process holds
-    (64, True, 8),
-    (0, True, 512),
-    (1, False, 0),      # the walk fills the process by itself: no lane queues ahead or holds idle slots
-    (200, False, 0),
+@pytest.mark.parametrize(("slots", "slots_held", "budget"), [
+    (2, 2, 512),        # one hot lane: it may hold up to what the process holds
+    (2, 0, 512),
+    (4, 128, 16),       # 32 lanes of 4: four rows a slot
+    (2, 200, 5),        # 100 lanes of 2 (100 endpoints shared by two processes): two and a half rows a slot
+    (4, 256, 8),        # slots on half of what the process holds: two rows a slot, the least that queues ahead
+    (4, 260, 7),        # past half: a spread load, no lane queues ahead
+    (4, 512, 4),
 ])
-def test_a_lane_queues_ahead_only_while_the_process_is_slot_bound(lanes: int, slot_bound: bool, budget: int) -> None:
-    assert POLICY.budget(512, lanes, slot_bound) == budget
+def test_a_lanes_budget_is_its_part_by_slots_of_what_the_process_holds(slots: int, slots_held: int,
+                                                                       budget: int) -> None:
+    assert POLICY.budget(512, slots, slots_held) == budget
+
+
+@pytest.mark.parametrize(("slots_held", "want"), [(256, 8), (260, 0)])
+def test_a_process_whose_slots_fill_half_its_room_queues_no_lane_ahead(slots_held: int, want: int) -> None:
+    assert POLICY.refill(4, 0, 0.01, 0.0, POLICY.budget(512, 4, slots_held)) == want
 
 
 def test_without_lane_hold_no_lane_has_a_budget() -> None:
-    assert LanePolicy(lease=60.0, deadline=10.0, hold=False).budget(512, 1, True) == 0
-
-
-@pytest.mark.parametrize(("wanted", "took", "before", "after"), [
-    (200, 200, True, False),    # the walk filled its part: room-bound
-    (200, 199, False, True),    # it came back short: every endpoint with due rows is at its limit
-    (200, 0, False, True),
-    (0, 0, True, True),         # it wanted nothing (the process is full): the state stands
-    (0, 0, False, False),
-])
-def test_a_claim_tells_whether_rows_wait_on_slots_or_on_the_process(wanted: int, took: int, before: bool,
-                                                                    after: bool) -> None:
-    assert LanePolicy.slot_bound(wanted, took, before) is after
+    assert LanePolicy(lease=60.0, deadline=10.0, hold=False).budget(512, 2, 2) == 0
