@@ -225,17 +225,15 @@ class Worker:
                 backoff.wait(self._stopping)
                 continue
             backoff.reset()
-            walked = sum(1 for row in rows if row.grants_slot)
             self._accept(rows)
             self._settle_refills(refill, rows, answered=True)
-            if walked < want:
-                # Idle (the walk found nothing due): look again after poll_interval.
-                # Busy (it found rows but fewer than it could take): rows keep
+            if len(rows) < want:
+                # Idle (nothing due): look again after poll_interval.  Busy (the
+                # claim found rows but fewer than it could take): rows keep
                 # arriving, so look again soon, or pick-up latency under steady
                 # load would be poll_interval / 2 on average, not a few ms.  A
-                # lane's refill does not count: a lane running low wakes the
-                # claimer at once (_wake).
-                self._wake.wait(workers.poll_interval if not walked else min(workers.poll_interval, BUSY_POLL))
+                # lane running low wakes the claimer at once (_wake).
+                self._wake.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
 
     def _refills(self, room: int) -> list[tuple[int, int]]:
         """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
