@@ -208,7 +208,7 @@ class Worker:
             self._wake.clear()
             room = workers.max_in_flight - self._held
             refill = self._refills(room)
-            want = min(workers.claim_batch, room - sum(asked for _, asked in refill))
+            want = min(workers.claim_batch, room - sum(asked for _, asked, _ in refill))
             if not refill and want < max(1, min(workers.claim_batch, workers.max_in_flight) // 4) and self._held:
                 self._room.clear()
                 self._room.wait(workers.poll_interval)
@@ -235,11 +235,11 @@ class Worker:
                 # lane running low wakes the claimer at once (_wake).
                 self._wake.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
 
-    def _refills(self, room: int) -> list[tuple[int, int]]:
-        """(endpoint, rows wanted) for each lane that needs more rows or a renewed lease;
+    def _refills(self, room: int) -> list[tuple[int, int, bool]]:
+        """(endpoint, rows wanted, renew) for each lane that needs more rows or a renewed lease;
         marks what is asked, within ``room``."""
         now = time.monotonic()
-        refill: list[tuple[int, int]] = []
+        refill: list[tuple[int, int, bool]] = []
         if self._lane_budget(1) < 2:  # no lane can queue ahead (LanePolicy.budget, refill)
             return refill
         # The emptiest lanes first: when room is short, it goes where senders would wait.
@@ -248,26 +248,27 @@ class Worker:
                 continue
             want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started,
                                                       self._lane_budget(lane.slots)))
-            if want > 0 or self._lane_policy.renewal_due(now - lane.renewed):
+            renew = self._lane_policy.renewal_due(now - lane.renewed)
+            if want > 0 or renew:
                 room -= max(want, 0)
                 lane.asked = max(want, 0)
-                refill.append((endpoint_id, lane.asked))
+                refill.append((endpoint_id, lane.asked, renew))
         return refill
 
-    def _settle_refills(self, refill: list[tuple[int, int]], rows: list[ClaimedRow], answered: bool) -> None:
-        """After a claim: an answered refill renewed its lane's slots, and a lane whose refill
+    def _settle_refills(self, refill: list[tuple[int, int, bool]], rows: list[ClaimedRow], answered: bool) -> None:
+        """After a claim: an answered renewal renewed its lane's slots, and a lane whose refill
         found no due rows has run dry (it gives its slots back once its senders finish)."""
         if not refill:
             return
         now = time.monotonic()
         got = {row.endpoint_id for row in rows if not row.grants_slot}
-        for endpoint_id, asked in refill:
+        for endpoint_id, asked, renew in refill:
             lane = self._lanes.get(endpoint_id)
             if lane is None:
                 continue
             lane.asked = 0
             if answered:
-                lane.renewed = now
+                lane.renewed = now if renew else lane.renewed
                 lane.closing = lane.closing or bool(asked and endpoint_id not in got)
             self._settle(endpoint_id, lane)
 

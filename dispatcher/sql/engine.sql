@@ -66,10 +66,12 @@ WITH RECURSIVE token AS (
      WHERE coalesce((SELECT s.state FROM endpoint_state s WHERE s.endpoint_id = f.endpoint_id), 'closed') = 'closed'
        AND (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = f.endpoint_id) IS NULL
 ), renewed AS (
-    -- A lane that asks for more keeps its slots for another lease.
+    -- A lane whose slots' lease is a third through keeps them for another
+    -- lease (LanePolicy.renewal_due): not at every refill, as each renewal
+    -- writes the lane's ledger entries.
     UPDATE endpoint_leases l SET until = now() + make_interval(secs => %(lease)s)
-      FROM json_to_recordset(%(refill)s::json) AS f(endpoint_id bigint, want int)
-     WHERE l.endpoint_id = f.endpoint_id AND l.owner = %(owner)s AND l.claim_token > 0
+      FROM json_to_recordset(%(refill)s::json) AS f(endpoint_id bigint, want int, renew boolean)
+     WHERE l.endpoint_id = f.endpoint_id AND f.renew AND l.owner = %(owner)s AND l.claim_token > 0
 ), after_cursor(endpoint_id) AS (
     (SELECT endpoint_id FROM webhook_deliveries
       WHERE status = 'pending' AND endpoint_id > %(after)s ORDER BY endpoint_id LIMIT 1)

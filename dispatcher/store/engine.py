@@ -327,17 +327,18 @@ class EngineStore:
 
     def claim(self, owner: str, limit: int, per_endpoint: int, busy: Sequence[int], after: int,
               lease: float, secret_grace: float = ROTATION_GRACE,
-              refill: Sequence[tuple[int, int]] = (), share: int | None = None) -> list[ClaimedRow]:
+              refill: Sequence[tuple[int, int, bool]] = (), share: int | None = None) -> list[ClaimedRow]:
         """Claim due rows: up to ``limit`` by the endpoint walk (skipping ``busy``), each taking
         a lane slot, at most ``share`` (default ``per_endpoint``) of one endpoint; plus up to
-        ``want`` more rows of each ``(endpoint_id, want)`` in ``refill``, lanes this owner holds
-        slots for already (those take none, and renew the slots' lease)."""
+        ``want`` more rows of each ``(endpoint_id, want, renew)`` in ``refill``, lanes this owner
+        holds slots for already (those take none; ``renew``: the slots' lease is renewed)."""
         # A refilled lane is never walked too: its rows would be claimed twice in one statement.
-        busy = sorted(set(busy).union(endpoint_id for endpoint_id, _ in refill))
+        busy = sorted(set(busy).union(endpoint_id for endpoint_id, _, _ in refill))
         params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": busy,
                   "share": per_endpoint if share is None else share,
                   "after": after, "lease": lease, "grace": secret_grace,
-                  "refill": json.dumps([{"endpoint_id": e, "want": w} for e, w in refill], separators=(",", ":"))}
+                  "refill": json.dumps([{"endpoint_id": e, "want": w, "renew": r} for e, w, r in refill],
+                                       separators=(",", ":"))}
         with self._conn.statement() as cur:
             cur.execute(self._conn.prepared(cur, "engine_claim"), params)
             rows = named_rows(cur)

@@ -132,14 +132,18 @@ def test_a_lane_holder_refills_without_new_slots_and_renews_their_lease(db) -> N
     first = store.claim("w1", 10, 4, [], 0, 30.0)
     assert sorted(r.endpoint_id for r in first) == [endpoint] * 4 + [other] * 2
     query(db.dsn, "UPDATE endpoint_leases SET until = now() + interval '1 second'")
-    more = store.claim("w1", 10, 4, [endpoint, other], 0, 30.0, refill=[(endpoint, 6)])
+    leases = ("SELECT endpoint_id, leased, until > now() + interval '20 seconds' FROM endpoint_leases "
+              "ORDER BY endpoint_id")
+    more = store.claim("w1", 10, 4, [endpoint, other], 0, 30.0, refill=[(endpoint, 3, False)])
+    assert [r.endpoint_id for r in more] == [endpoint] * 3 and not any(r.grants_slot for r in more)
+    assert query(db.dsn, leases) == [(endpoint, 4, False), (other, 2, False)], "no renewal unless asked"
+    more += store.claim("w1", 10, 4, [endpoint, other], 0, 30.0, refill=[(endpoint, 3, True)])
     assert [r.endpoint_id for r in more] == [endpoint] * 6 and not any(r.grants_slot for r in more)
     assert not {r.id for r in more} & {r.id for r in first}
-    assert query(db.dsn, "SELECT endpoint_id, leased, until > now() + interval '20 seconds' FROM endpoint_leases "
-                         "ORDER BY endpoint_id") == [(endpoint, 4, True), (other, 2, False)]
+    assert query(db.dsn, leases) == [(endpoint, 4, True), (other, 2, False)]
     assert store.claim("w2", 10, 4, [], 0, 30.0) == [], "the slots are w1's: nobody else sends"
-    assert len(store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 50)])) == 10, "the rest"
-    assert store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 50)]) == [], "dry"
+    assert len(store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 50, False)])) == 10, "the rest"
+    assert store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 50, False)]) == [], "dry"
 
 
 @pytest.mark.parametrize("block", ["UPDATE endpoint_state SET state = 'open', open_until = now() + interval '1 h'",
@@ -151,7 +155,7 @@ def test_a_refill_takes_nothing_behind_an_open_breaker_or_a_rate_limit(db, block
     assert len(store.claim("w1", 10, 4, [], 0, 30.0)) == 4
     query(db.dsn, "INSERT INTO endpoint_state (endpoint_id) VALUES (%s) ON CONFLICT DO NOTHING", (endpoint,))
     query(db.dsn, block)
-    assert store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 6)]) == []
+    assert store.claim("w1", 10, 4, [endpoint], 0, 30.0, refill=[(endpoint, 6, True)]) == []
 
 
 def test_upkeep_deletes_lapsed_lane_entries(db) -> None:
