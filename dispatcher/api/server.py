@@ -151,7 +151,8 @@ class BoundedHandler(WSGIHandler):
 
     def get_environ(self) -> dict[str, Any]:
         environ: dict[str, Any] = super().get_environ()
-        if self.wsgi_input is not None and environ.get("wsgi.input") is self.wsgi_input:  # not an upgrade, which reads the raw socket
+        # An upgrade's wsgi.input is the raw socket file, which is left as it is.
+        if self.wsgi_input is not None and environ.get("wsgi.input") is self.wsgi_input:
             self.wsgi_input = BoundedInput(self.wsgi_input, time.monotonic() + self.server.limits.read_timeout)
             environ["wsgi.input"] = self.wsgi_input
         return environ
