@@ -321,9 +321,12 @@ class ApiConfig:
     # nothing useful keeps even those.
     idle_timeout: float = setting(10.0, parse_duration, "a new connection's wait for its first request byte")
     read_timeout: float = setting(10.0, parse_duration,
-                                  "a request head's deadline from its first byte; each body read's wait too")
+                                  "a request head's deadline from its first byte, and its body's deadline from "
+                                  "the head's end; each answer write's wait too")
     keepalive_timeout: float = setting(5.0, parse_duration,
                                        "how long a kept-alive connection may idle between requests")
+    connection_lifetime: float = setting(300.0, parse_duration,
+                                         "a kept-alive connection takes no new request once this old")
     max_connections: int = setting(4096, _positive_int, "client connections open at once; more wait to be accepted")
     read_dsn: str = setting("", _optional_dsn, "libpq DSN of a streaming standby for the history reads (GET routes "
                             "but tokens, and the console); empty: the primary. Token checks and writes stay on "

@@ -93,7 +93,8 @@ def _stats_numbers(row: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def endpoint_stats_json(stats: StatsWindow, buckets: int) -> dict[str, Any]:
-    """Every endpoint with its totals and exactly ``buckets`` buckets, oldest first (empty ones as zeros)."""
+    """Every endpoint of ``stats``, in its order, with its totals and exactly ``buckets`` buckets, oldest
+    first (empty ones as zeros)."""
     totals: dict[int, dict[str, Any]] = {}
     by_bucket: dict[int, dict[int, dict[str, Any]]] = {}
     for row in stats.rows:

@@ -9,8 +9,13 @@ every other caller, ``/healthz`` included.  Here:
 * once a request has started, its whole head (request line and headers) must
   arrive within ``api.read_timeout`` -- one deadline, so trickling a byte at a
   time does not extend it;
-* every socket read or write after that (a request body, a client that does
-  not read its answer) waits at most ``api.read_timeout`` per operation;
+* its body must arrive within ``api.read_timeout`` of the head's end -- one
+  deadline again; past it the body's read fails as a timeout (408);
+* a body the application left unread is never read after the answer (a
+  client could trickle it for ever): the connection is closed instead;
+* every socket write waits at most ``api.read_timeout`` per operation;
+* a connection serves no new request once it is ``api.connection_lifetime``
+  old, so no client keeps one slot for good;
 * at most ``api.max_connections`` connections are served at once; past that,
   new ones wait in the listen backlog, and the timeouts above free slots.
 
@@ -30,12 +35,13 @@ from __future__ import annotations
 import logging
 import resource
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import gevent
 from gevent.pool import Pool
-from gevent.pywsgi import WSGIHandler, WSGIServer
+from gevent.pywsgi import Input, WSGIHandler, WSGIServer
 
 from dispatcher.config import ApiConfig
 
@@ -50,14 +56,50 @@ class ClientLimits:
     read_timeout: float
     keepalive_timeout: float
     max_connections: int
+    connection_lifetime: float
 
     @classmethod
     def from_config(cls, api: ApiConfig) -> ClientLimits:
-        return cls(api.idle_timeout, api.read_timeout, api.keepalive_timeout, api.max_connections)
+        return cls(api.idle_timeout, api.read_timeout, api.keepalive_timeout, api.max_connections,
+                   api.connection_lifetime)
 
 
 class _SlowHead(Exception):
     """The request head did not arrive within its deadline."""
+
+
+class BoundedInput(Input):
+    """A request body whose reads all end by one deadline (monotonic clock), and which is never
+    drained after the answer: the handler closes the connection instead."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self, unbounded: Input, deadline: float) -> None:
+        super().__init__(unbounded.rfile, unbounded.content_length, socket=unbounded.socket,
+                         chunked_input=unbounded.chunked_input)
+        self.deadline = deadline
+
+    def read(self, length: int | None = None) -> bytes:
+        with self._bounded():
+            data: bytes = super().read(length)
+        return data
+
+    def readline(self, size: int | None = None) -> bytes:
+        with self._bounded():
+            data: bytes = super().readline(size)
+        return data
+
+    def _bounded(self) -> gevent.Timeout:
+        # A TimeoutError, as a per-read socket timeout raises: the application answers 408.
+        return gevent.Timeout(max(0.0, self.deadline - time.monotonic()),
+                              TimeoutError("the request body did not arrive in time"))
+
+    def _discard(self) -> None:
+        """Reading what the application left could take as long as the client likes: never."""
+
+    def unread(self) -> bool:
+        """True while some of the body may still be on the wire (a chunked body: always)."""
+        return bool(self.chunked_input) or self.position < (self.content_length or 0)
 
 
 class BoundedHandler(WSGIHandler):
@@ -65,10 +107,16 @@ class BoundedHandler(WSGIHandler):
 
     server: BoundedServer
     _served = 0
+    _born = 0.0
     _head_deadline: gevent.Timeout | None = None
+    wsgi_input: Input | None
 
     def handle_one_request(self) -> Any:
         limits = self.server.limits
+        if not self._served:
+            self._born = time.monotonic()
+        elif time.monotonic() - self._born >= limits.connection_lifetime:
+            return None
         if not self._wait_for_first_byte(limits.keepalive_timeout if self._served else limits.idle_timeout):
             return None
         self._head_deadline = gevent.Timeout(limits.read_timeout, _SlowHead)
@@ -100,6 +148,21 @@ class BoundedHandler(WSGIHandler):
             # under the per-read socket timeout, not under the head deadline.
             if self._head_deadline is not None:
                 self._head_deadline.close()
+
+    def get_environ(self) -> dict[str, Any]:
+        environ: dict[str, Any] = super().get_environ()
+        # An upgrade's wsgi.input is the raw socket file, which is left as it is.
+        if self.wsgi_input is not None and environ.get("wsgi.input") is self.wsgi_input:
+            self.wsgi_input = BoundedInput(self.wsgi_input, time.monotonic() + self.server.limits.read_timeout)
+            environ["wsgi.input"] = self.wsgi_input
+        return environ
+
+    def handle_one_response(self) -> Any:
+        try:
+            return super().handle_one_response()
+        finally:
+            if isinstance(self.wsgi_input, BoundedInput) and self.wsgi_input.unread():
+                self.close_connection = True
 
 
 class BoundedServer(WSGIServer):

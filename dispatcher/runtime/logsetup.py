@@ -14,16 +14,22 @@ a second.  So (docs/benchmarks.md has the profile):
   lifecycle and warning lines appear exactly when they did, in order;
 * the timestamp's date-time part is formatted once per second, not per line;
 * the caller's file/line lookup (``logging._srcfile``) is off: no format uses it.
+
+Every record is one line that starts with its timestamp, and no other line
+does: control characters in a record's text (a decoded request path, a
+receiver's error text) are escaped, and a traceback's lines are indented.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from dispatcher.config import LoggingConfig
 
@@ -118,8 +124,30 @@ class BufferedLineHandler(logging.Handler):
         super().close()
 
 
+# C0, DEL, C1 and the Unicode line and paragraph separators: whatever a terminal or
+# str.splitlines takes for a line break or a control sequence.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escaped(char: re.Match[str]) -> str:
+    code = ord(char.group())
+    named = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char.group())
+    return named or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as its escape (``\\n``, ``\\x1b``)."""
+    return _CONTROL.sub(_escaped, text) if _CONTROL.search(text) else text
+
+
+def _indented(block: str) -> str:
+    """A traceback's lines, each escaped and indented: none can pass for a record of its own."""
+    return "\n".join("    " + escape_controls(line) for line in block.split("\n"))
+
+
 class _Formatter(logging.Formatter):
-    """The stock ``%(asctime)s`` text, with the date-time part formatted once per second."""
+    """The stock ``%(asctime)s`` text, with the date-time part formatted once per second,
+    and control characters escaped (see the module docstring)."""
 
     _second = -1
     _prefix = ""
@@ -132,6 +160,15 @@ class _Formatter(logging.Formatter):
             self._prefix = time.strftime(self.default_time_format, self.converter(second))
             self._second = second
         return f"{self._prefix},{int(record.msecs):03d}"
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        return escape_controls(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802
+        return _indented(super().formatStack(stack_info))
 
 
 def _open_handler(path: str) -> logging.Handler:
@@ -155,7 +192,9 @@ def library_level(level: int | str, verbose: bool) -> int:
 
 def quiet_libraries(verbose: bool, level: int = logging.INFO) -> None:
     """The CLI's stderr logging: ``dispatcher.*`` at ``level``, the rest at :func:`library_level`."""
-    logging.basicConfig(level=library_level(level, verbose), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=library_level(level, verbose))
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(_Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.getLogger("dispatcher").setLevel(level)
 
 

@@ -338,8 +338,13 @@ SELECT now() AS now;
 -- health, as for the breaker.  Served by webhook_delivery_attempts_endpoint
 -- (0010): one index range per endpoint of the workspace (docs/api.md has the
 -- plan and the measurements, and why the index does not include the columns).
+-- One page of endpoints, newest first: at most limit of them below before_id.
 SELECT e.id AS endpoint_id, s.bucket, s.attempts, s.succeeded, s.p95_ms
-  FROM webhook_endpoints e
+  FROM (SELECT id FROM webhook_endpoints
+         WHERE workspace_id = %(workspace_id)s
+           AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+         ORDER BY id DESC
+         LIMIT %(limit)s) e
  CROSS JOIN LATERAL (
         SELECT floor(extract(epoch FROM a.started_at - %(since)s::timestamptz)
                      / %(bucket_seconds)s::float8)::int AS bucket,
@@ -352,5 +357,4 @@ SELECT e.id AS endpoint_id, s.bucket, s.attempts, s.succeeded, s.p95_ms
            AND (a.status_code IS NOT NULL OR a.result = ANY (%(sent_errors)s::text[]))
          GROUP BY GROUPING SETS ((bucket), ())
        ) s
- WHERE e.workspace_id = %(workspace_id)s
- ORDER BY e.id, s.bucket NULLS FIRST;
+ ORDER BY e.id DESC, s.bucket NULLS FIRST;

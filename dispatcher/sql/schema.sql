@@ -294,15 +294,27 @@ CREATE OR REPLACE FUNCTION public.webhook_endpoints_limit()
  LANGUAGE plpgsql
 AS $function$
 DECLARE
-    active_count int;
+    owned int;
 BEGIN
-    IF NOT NEW.active OR NEW.purpose = 'operational' THEN
+    IF NEW.purpose = 'operational' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' OR NEW.workspace_id IS DISTINCT FROM OLD.workspace_id THEN
+        PERFORM 1 FROM workspaces WHERE id = NEW.workspace_id FOR UPDATE;
+        SELECT count(*) INTO owned FROM webhook_endpoints
+         WHERE workspace_id = NEW.workspace_id AND purpose = 'customer' AND id <> NEW.id;
+        IF owned >= 100 THEN
+            RAISE EXCEPTION 'workspace % already has 100 endpoints, active or not', NEW.workspace_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+    IF NOT NEW.active THEN
         RETURN NEW;
     END IF;
     PERFORM 1 FROM workspaces WHERE id = NEW.workspace_id FOR UPDATE;
-    SELECT count(*) INTO active_count FROM webhook_endpoints
+    SELECT count(*) INTO owned FROM webhook_endpoints
      WHERE workspace_id = NEW.workspace_id AND active AND purpose = 'customer' AND id <> NEW.id;
-    IF active_count >= 10 THEN
+    IF owned >= 10 THEN
         RAISE EXCEPTION 'workspace % already has 10 active endpoints', NEW.workspace_id
             USING ERRCODE = 'check_violation';
     END IF;

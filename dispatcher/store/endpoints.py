@@ -136,20 +136,22 @@ def rotate_endpoint_secret(conn: Connection, workspace_id: str | None, endpoint_
 
 @contextmanager
 def _limit_reached() -> Iterator[None]:
-    """The 10-active-endpoints trigger's refusal as LimitReached."""
+    """The endpoint-limit trigger's refusal (10 active, 100 in all) as LimitReached."""
     try:
         yield
     except QueryRejected as exc:
         raise limit_or(exc) from None
 
 
-def endpoint_stats(conn: Connection, workspace_id: str, window_seconds: int, buckets: int) -> StatsWindow:
-    """Each endpoint's attempts of the last ``window_seconds``, in ``buckets`` equal buckets and in total."""
+def endpoint_stats(conn: Connection, workspace_id: str, window_seconds: int, buckets: int,
+                   before_id: int | None = None, limit: int = 1) -> StatsWindow:
+    """A page of endpoints (at most ``limit`` below ``before_id``, newest first) with their attempts of the
+    last ``window_seconds``, in ``buckets`` equal buckets and in total."""
     with transaction(conn):
         until = query_rows(conn, "api_clock")[0]["now"]
         since = until - timedelta(seconds=window_seconds)
         bucket_seconds = window_seconds / buckets
         rows = query_rows(conn, "api_endpoint_stats", {
             "workspace_id": workspace_id, "since": since, "until": until, "bucket_seconds": bucket_seconds,
-            "sent_errors": SENT_ERRORS})
+            "sent_errors": SENT_ERRORS, "before_id": before_id, "limit": limit})
     return StatsWindow(since, until, bucket_seconds, rows)

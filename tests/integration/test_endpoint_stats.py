@@ -68,8 +68,9 @@ def test_every_endpoint_gets_its_totals_and_buckets_of_sent_attempts(world: Worl
     until, since = datetime.fromisoformat(body["until"]), datetime.fromisoformat(body["since"])
     assert abs(until - datetime.now(UTC)) < timedelta(minutes=1) and until - since == timedelta(hours=24)
     assert body["window_seconds"] == 86400 and body["bucket_seconds"] == 3600
-    assert [e["endpoint_id"] for e in body["data"]] == [busy, idle]  # not another workspace's
-    first, second = body["data"]
+    # Newest first, and not another workspace's.
+    assert [e["endpoint_id"] for e in body["data"]] == sorted([busy, idle], reverse=True)
+    first, second = sorted(body["data"], key=lambda e: e["endpoint_id"] != busy)
     # percentile_disc: an observed duration, the 20th of 21 sorted values.
     assert {k: first[k] for k in ("attempts", "succeeded", "success_rate", "p95_ms")} == {
         "attempts": 21, "succeeded": 19, "success_rate": 0.9048, "p95_ms": 5000}
@@ -85,7 +86,8 @@ def test_every_endpoint_gets_its_totals_and_buckets_of_sent_attempts(world: Worl
 
     short = _stats(client, world.token(ws, auth.READ), "window=100m&buckets=4")
     assert short["bucket_seconds"] == 1500 and short["window_seconds"] == 6000
-    assert [b["attempts"] for b in short["data"][0]["buckets"]] == [0, 0, 20, 0]
+    busy_short = next(e for e in short["data"] if e["endpoint_id"] == busy)
+    assert [b["attempts"] for b in busy_short["buckets"]] == [0, 0, 20, 0]
 
 
 def test_bad_windows_and_bucket_counts_are_400_problems(world: World, client: Client) -> None:
