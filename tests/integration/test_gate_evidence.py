@@ -145,7 +145,7 @@ class TestGateQueries:
             query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, "
                           "status, created_at, finished_at) VALUES ('ws', %s, %s, 'h', 'shadow', %s, %s, "
                           "%s::timestamptz + make_interval(secs => %s))",
-                  (endpoint, f"s{n}", "pending" if wait is None else "delivered", created, created, wait))
+                  (endpoint, f"s{n}", "pending" if wait is None else "shadow", created, created, wait))
         conn = store.connect(db.dsn)
         try:
             found = rollout_store.shadow_rows(conn, window)

@@ -24,6 +24,7 @@ from dispatcher.engine.delivery import DeliveryMaker
 from dispatcher.rules.attempt import TransportResult
 from dispatcher.rules.health import Severity, Verdict
 from dispatcher.rules.retry import RetryPolicies
+from dispatcher.signing import new_secret
 from dispatcher.store.engine import EngineStore, ManagedConnection
 from dispatcher.store.operations import region_status
 from tests.conftest import TestDatabase as Database
@@ -45,7 +46,7 @@ def _shadow_rows(db: Database, write_config: Any, events: int) -> list[str]:
     admin = db.connect()
     try:
         store.create_workspace(admin, "ws", "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=", {"webhook_outbox": False})
-        store.add_endpoint(admin, "ws", "http://127.0.0.1:9/hook", [])
+        store.add_endpoint(admin, "ws", "http://127.0.0.1:9/hook", [], new_secret())
     finally:
         admin.close()
     sender = WebhookSender(load_config(write_config(db, producer__shadow_writes=True), env={}))
