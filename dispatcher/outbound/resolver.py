@@ -21,7 +21,10 @@ workspace's healthy deliveries time out.  This resolver instead:
   the same answer;
 * lets each workspace run at most ``http.dns_per_workspace`` lookups at once;
   a caller past that waits for a slot (within ``dns_timeout``), so one
-  workspace's bad zone cannot hold every lookup of the process.
+  workspace's bad zone cannot hold every lookup of the process.  A caller
+  still without a slot then fails as ``dns``, alone: the refusal is neither
+  cached nor handed to another workspace waiting on the same name, so one
+  workspace cannot make another's deliveries fail (and trip its breaker).
 
 Only addresses come out of here; the outbound policy checks them
 (``netguard.check_addresses``) before anything is dialed.  This module
@@ -124,48 +127,72 @@ class DnsResolver:
         name = host.lower().rstrip(".")
         if name in self._hosts:
             return list(self._hosts[name])
-        entry = self._cache.get(name)
-        if entry is None or entry.until <= self._clock():
-            entry = self._shared_lookup(name, workspace or "")
+        entry = self._cached(name) or self._shared_lookup(name, workspace or "")
         if not entry.addresses:
             raise DnsError(f"{host} does not resolve ({entry.failure})")
         return list(entry.addresses)
 
+    def _cached(self, name: str) -> _Entry | None:
+        entry = self._cache.get(name)
+        return entry if entry is not None and entry.until > self._clock() else None
+
     def _shared_lookup(self, name: str, workspace: str) -> _Entry:
-        """One lookup per name at a time: a caller arriving meanwhile waits for the same answer."""
-        pending = self._in_flight.get(name)
-        if pending is not None:
-            result: _Entry = pending.get()
-            return result
+        """One lookup per name at a time: a caller arriving meanwhile waits for the same answer.
+
+        Only an answer from DNS is shared.  A caller refused a slot is refused alone (its
+        workspace's cap is not another's), and when a lookup is abandoned by its caller's
+        deadline, each waiter asks again under its own workspace's slots.
+        """
+        while True:
+            pending = self._in_flight.get(name)
+            if pending is not None:
+                shared: _Entry | None = pending.get()
+                entry = shared or self._cached(name)
+                if entry is not None:
+                    return entry
+                continue
+            slots = self._slots.setdefault(workspace, BoundedSemaphore(self._per_workspace))
+            if not slots.acquire(timeout=self._timeout):
+                self._forget_slots(workspace, slots)
+                raise DnsError(f"{name} does not resolve (too many lookups in flight for this workspace)")
+            try:
+                entry = self._cached(name)  # answered while this caller waited for its slot
+                if entry is not None:
+                    return entry
+                if name in self._in_flight:
+                    continue  # another workspace started it meanwhile: wait for that answer
+                return self._owned_lookup(name)
+            finally:
+                slots.release()
+                self._forget_slots(workspace, slots)
+
+    def _owned_lookup(self, name: str) -> _Entry:
+        """This caller's lookup of ``name``, in flight for others to wait on; the caller holds a slot."""
         pending = self._in_flight[name] = AsyncResult()
         try:
-            entry = self._bounded_lookup(name, workspace)
+            entry = self._bounded_lookup(name)
             self._remember(name, entry)
             pending.set(entry)
             return entry
-        except BaseException as exc:  # our caller's deadline: waiters get a failure, not a hang
-            pending.set(_Entry(0.0, (), f"lookup abandoned ({type(exc).__name__})"))
+        except BaseException:  # our caller's deadline: waiters ask again rather than hang
+            pending.set(None)
             raise
         finally:
             del self._in_flight[name]
 
-    def _bounded_lookup(self, name: str, workspace: str) -> _Entry:
-        slots = self._slots.setdefault(workspace, BoundedSemaphore(self._per_workspace))
-        if not slots.acquire(timeout=self._timeout):
-            return _Entry(self._clock() + 1.0, (), "too many lookups in flight for this workspace")
+    def _forget_slots(self, workspace: str, slots: BoundedSemaphore) -> None:
+        if not slots.locked() and slots.counter == self._per_workspace and self._slots.get(workspace) is slots:
+            self._slots.pop(workspace, None)  # bounded by the workspaces with lookups in flight or waiting
+
+    def _bounded_lookup(self, name: str) -> _Entry:
+        lookup = gevent.spawn(self._lookup, name)
         try:
-            lookup = gevent.spawn(self._lookup, name)
-            try:
-                entry: _Entry | None = lookup.get(timeout=self._timeout + 0.5)
-            except gevent.Timeout:
-                entry = None
-            finally:
-                lookup.kill(block=False)  # an abandoned lookup ends here, its socket closed
-            return entry or _Entry(self._clock() + FAILURE_TTL, (), "timed out")
+            entry: _Entry | None = lookup.get(timeout=self._timeout + 0.5)
+        except gevent.Timeout:
+            entry = None
         finally:
-            slots.release()
-            if not slots.locked() and slots.counter == self._per_workspace:
-                self._slots.pop(workspace, None)  # bounded by the workspaces with lookups in flight
+            lookup.kill(block=False)  # an abandoned lookup ends here, its socket closed
+        return entry or _Entry(self._clock() + FAILURE_TTL, (), "timed out")
 
     def _lookup(self, name: str) -> _Entry:
         addresses: list[str] = []
