@@ -39,7 +39,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import dns.exception
@@ -50,7 +49,7 @@ import gevent
 from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 
-from dispatcher.outbound.netguard import DnsError
+from dispatcher.outbound.netguard import DnsError, read_hosts
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,6 @@ MIN_TTL = 5.0
 # A lookup that failed without an answer (timeout, SERVFAIL, refused) is not retried for this long.
 FAILURE_TTL = 10.0
 CACHE_ENTRIES = 16384
-HOSTS_FILE = Path("/etc/hosts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,26 +80,6 @@ def _nameservers(servers: Sequence[str]) -> list[Any]:
             port = int(text)
         out.append(dns.nameserver.Do53Nameserver(str(ipaddress.ip_address(host)), port))
     return out
-
-
-def read_hosts(path: Path = HOSTS_FILE) -> dict[str, tuple[str, ...]]:
-    """name -> addresses from a hosts file; a missing or unreadable file is empty."""
-    names: dict[str, list[str]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return {}
-    for line in lines:
-        fields = line.split("#", 1)[0].split()
-        if len(fields) < 2:
-            continue
-        try:
-            address = str(ipaddress.ip_address(fields[0].split("%", 1)[0]))
-        except ValueError:
-            continue
-        for name in fields[1:]:
-            names.setdefault(name.lower().rstrip("."), []).append(address)
-    return {name: tuple(dict.fromkeys(addresses)) for name, addresses in names.items()}
 
 
 class DnsLookups:
