@@ -353,8 +353,8 @@ class NotifierConfig:
     smtp_port: int = setting(587, _port, "SMTP relay port (587 submission, 465 implicit TLS, 25 relay)")
     smtp_security: str = setting("starttls", _one_of("starttls", "tls", "none"),
                                  "starttls: upgrade the connection; tls: TLS from the start (465); none: plain "
-                                 "(a relay on localhost only). TLS verifies the relay against the system CAs "
-                                 "and http.ca_file")
+                                 "(refused unless smtp_host is loopback). TLS verifies the relay against the "
+                                 "system CAs and http.ca_file")
     smtp_username: str | None = setting(None, lambda v: _optional(_text, v),
                                         "SMTP AUTH user name; null: no AUTH", shown="null")
     smtp_password: str | None = setting(None, lambda v: _optional(_text, v),
@@ -519,6 +519,23 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("alerts.heartbeat_age must exceed workers.status_interval")
     if config.alerts.leader_age <= config.alerts.check_interval:
         raise ConfigError("alerts.leader_age must exceed alerts.check_interval")
+    # With no TLS, SMTP AUTH sends the relay's password in clear: only the local host may see it.
+    if config.notifier.smtp_security == "none" and not _is_loopback(config.notifier.smtp_host):
+        raise ConfigError(f"notifier.smtp_security: none is for a relay on loopback only, not "
+                          f"{config.notifier.smtp_host!r}; use starttls or tls")
+
+
+def _is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address literal (an IPv4-mapped one included)."""
+    name = host.lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:

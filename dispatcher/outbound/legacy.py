@@ -16,9 +16,16 @@ error classes) -- and swaps only the deadline mechanism:
   the deadline, not after ``timeout`` per read.
 
 geventhttpclient needs the gevent hub, so the legacy path always uses urllib3
-whatever ``http.client`` says.  Name resolution counts against the deadline
-(it starts before the lookup) but is not interrupted: it is bounded by the
-system resolver's own timeout.
+whatever ``http.client`` says.
+
+Names are not sent to ``getaddrinfo``, whose wait only the system resolver
+bounds (10 s per name with two nameservers that never answer).
+:class:`ThreadResolver` asks DNS the way the workers do (dnspython, pointed at
+``http.dns_servers`` or the system's nameservers, ``/etc/hosts`` first), each
+query bounded by the time left before the POST's deadline, so a POST fits its
+deadline lookup included.  Answers are cached for their TTL and a failed lookup
+(a timeout, SERVFAIL) for 10 s, so a black-holed name costs one deadline per
+interval, not one per endpoint or per ``send()``.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ import time
 from typing import Any
 
 from dispatcher.config import Config
-from dispatcher.outbound.netguard import OutboundPolicy
+from dispatcher.outbound.netguard import DnsError, OutboundPolicy
+from dispatcher.outbound.resolver import DnsLookups
 from dispatcher.outbound.transport import Transport, Urllib3Transport, tcp_dial
 
 _state = threading.local()
@@ -106,6 +114,29 @@ def deadline_dial(ip: str, port: int, timeout: float) -> socket.socket:
     return tcp_dial(ip, port, min(timeout, left) if left is not None else timeout, socket_class=_DeadlineSocket)
 
 
+class ThreadResolver(DnsLookups):
+    """Addresses of a name for ordinary threads, by this thread's deadline (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lock = threading.Lock()
+
+    def resolve(self, host: str, workspace: str | None = None) -> list[str]:
+        name = host.lower().rstrip(".")
+        if name in self._hosts:
+            return list(self._hosts[name])
+        with self._lock:
+            entry = self._cached(name)
+        if entry is None:
+            _time_left()  # raises once the deadline has passed
+            entry = self._lookup(name, until=getattr(_state, "deadline", None))
+            with self._lock:
+                self._remember(name, entry)
+        if not entry.addresses:
+            raise DnsError(f"{host} does not resolve ({entry.failure})")
+        return list(entry.addresses)
+
+
 class ThreadTransport(Urllib3Transport):
     """``Urllib3Transport`` with a per-thread total deadline instead of ``gevent.Timeout``."""
 
@@ -120,7 +151,10 @@ class ThreadTransport(Urllib3Transport):
 
 
 def legacy_transport(config: Config) -> Transport:
-    """The synchronous path's transport: the engine's outbound policy and read cap, ``producer.legacy_timeout``."""
-    return ThreadTransport(timeout=config.producer.legacy_timeout, policy=OutboundPolicy.from_config(config.http),
-                           max_response_bytes=config.http.max_response_bytes, dialer=deadline_dial, maxsize=4,
-                           ca_certs=config.http.ca_file)
+    """The synchronous path's transport: the engine's outbound policy, read cap and nameservers,
+    ``producer.legacy_timeout``."""
+    http = config.http
+    dns = ThreadResolver(http.dns_servers, timeout=http.dns_timeout, max_ttl=http.dns_max_ttl)
+    return ThreadTransport(timeout=config.producer.legacy_timeout, policy=OutboundPolicy.from_config(http),
+                           max_response_bytes=http.max_response_bytes, dialer=deadline_dial, maxsize=4,
+                           ca_certs=http.ca_file, dns=dns)

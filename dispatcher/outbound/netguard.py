@@ -33,13 +33,13 @@ because internal names and addresses must not reach customers through
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
@@ -58,6 +58,7 @@ __all__ = [
     "check_registration_url",
     "is_denied",
     "parse_target",
+    "read_hosts",
     "registration_refusal",
     "resolve_checked",
 ]
@@ -71,6 +72,7 @@ Resolver = Callable[..., Sequence[tuple[Any, ...]]]
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 MAX_URL_LENGTH = 2048
+HOSTS_FILE = Path("/etc/hosts")
 
 
 # What customers are shown (docs/decisions.md, Failure reasons).
@@ -435,20 +437,45 @@ def _resolve(host: str, port: int, resolver: Resolver) -> list[str]:
     return addresses
 
 
-def check_registration_url(url: str, policy: OutboundPolicy, resolver: Resolver | None = None) -> Target:
+def check_registration_url(url: str, policy: OutboundPolicy,
+                           hosts: Mapping[str, Sequence[str]] | None = None) -> Target:
     """Validate an endpoint URL when a customer registers it.
 
-    Raises :class:`InvalidURL` or :class:`BlockedURL` (one-line message).  A name
-    that does not resolve *yet* is accepted -- customers register endpoints
-    before their DNS is live -- but a name that resolves to a denied address is
-    refused now rather than failing every delivery later.  Sending re-checks
-    regardless: DNS can change after registration.
+    Raises :class:`InvalidURL` or :class:`BlockedURL` (one-line message).  A
+    name is not asked of DNS here: registration runs on the API's shared
+    threads, where one tenant's names on a black-holed zone would hold every
+    other tenant's requests, and customers register endpoints before their
+    DNS is live anyway.  Every send checks each resolved address; that is the
+    check that counts.  Only the local hosts file (``hosts``, default
+    ``/etc/hosts``), which costs no wait, is consulted, so ``localhost`` and
+    its like are refused now rather than failing every delivery later.
     """
     target = parse_target(url, policy)
     if not target.literal:
-        with contextlib.suppress(DnsError):
-            resolve_checked(target.host, target.port, policy, resolver)
+        addresses = (read_hosts() if hosts is None else hosts).get(target.host.lower().rstrip("."))
+        if addresses:
+            check_addresses(target.host, list(addresses), policy)
     return target
+
+
+def read_hosts(path: Path = HOSTS_FILE) -> dict[str, tuple[str, ...]]:
+    """name -> addresses from a hosts file; a missing or unreadable file is empty."""
+    names: dict[str, list[str]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        fields = line.split("#", 1)[0].split()
+        if len(fields) < 2:
+            continue
+        try:
+            address = str(ipaddress.ip_address(fields[0].split("%", 1)[0]))
+        except ValueError:
+            continue
+        for name in fields[1:]:
+            names.setdefault(name.lower().rstrip("."), []).append(address)
+    return {name: tuple(dict.fromkeys(addresses)) for name, addresses in names.items()}
 
 
 def registration_refusal(url: str, policy: OutboundPolicy) -> str | None:

@@ -20,8 +20,12 @@ workspace's healthy deliveries time out.  This resolver instead:
 * runs at most one lookup per name at a time: concurrent callers wait for
   the same answer;
 * lets each workspace run at most ``http.dns_per_workspace`` lookups at once;
-  a caller past that waits for a slot (within ``dns_timeout``), so one
-  workspace's bad zone cannot hold every lookup of the process.
+  a caller past that waits for a slot (its whole wait, slot and answer, is
+  within ``dns_timeout``), so one
+  workspace's bad zone cannot hold every lookup of the process.  A caller
+  still without a slot then fails as ``dns``, alone: the refusal is neither
+  cached nor handed to another workspace waiting on the same name, so one
+  workspace cannot make another's deliveries fail (and trip its breaker).
 
 Only addresses come out of here; the outbound policy checks them
 (``netguard.check_addresses``) before anything is dialed.  This module
@@ -35,7 +39,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import dns.exception
@@ -46,7 +49,7 @@ import gevent
 from gevent.event import AsyncResult
 from gevent.lock import BoundedSemaphore
 
-from dispatcher.outbound.netguard import DnsError
+from dispatcher.outbound.netguard import DnsError, read_hosts
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,6 @@ MIN_TTL = 5.0
 # A lookup that failed without an answer (timeout, SERVFAIL, refused) is not retried for this long.
 FAILURE_TTL = 10.0
 CACHE_ENTRIES = 16384
-HOSTS_FILE = Path("/etc/hosts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,31 +82,12 @@ def _nameservers(servers: Sequence[str]) -> list[Any]:
     return out
 
 
-def read_hosts(path: Path = HOSTS_FILE) -> dict[str, tuple[str, ...]]:
-    """name -> addresses from a hosts file; a missing or unreadable file is empty."""
-    names: dict[str, list[str]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return {}
-    for line in lines:
-        fields = line.split("#", 1)[0].split()
-        if len(fields) < 2:
-            continue
-        try:
-            address = str(ipaddress.ip_address(fields[0].split("%", 1)[0]))
-        except ValueError:
-            continue
-        for name in fields[1:]:
-            names.setdefault(name.lower().rstrip("."), []).append(address)
-    return {name: tuple(dict.fromkeys(addresses)) for name, addresses in names.items()}
-
-
-class DnsResolver:
-    """See the module docstring.  ``resolve(host, workspace)`` returns addresses or raises DnsError."""
+class DnsLookups:
+    """What both resolvers share: dnspython pointed at the servers, the hosts file, the TTL cache.
+    No gevent here: the flag-off path's threads use it too (``dispatcher/outbound/legacy.py``)."""
 
     def __init__(self, servers: Sequence[str] = (), timeout: float = 2.0, max_ttl: float = 300.0,
-                 per_workspace: int = 4, hosts: dict[str, tuple[str, ...]] | None = None,
+                 hosts: dict[str, tuple[str, ...]] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._resolver = dns.resolver.Resolver(configure=not servers)
         if servers:
@@ -113,68 +96,26 @@ class DnsResolver:
         self._resolver.timeout = timeout
         self._timeout = timeout
         self._max_ttl = max(MIN_TTL, max_ttl)
-        self._per_workspace = per_workspace
         self._hosts = read_hosts() if hosts is None else hosts
         self._clock = clock
         self._cache: dict[str, _Entry] = {}
-        self._in_flight: dict[str, AsyncResult] = {}
-        self._slots: dict[str, BoundedSemaphore] = {}
 
-    def resolve(self, host: str, workspace: str | None = None) -> list[str]:
-        name = host.lower().rstrip(".")
-        if name in self._hosts:
-            return list(self._hosts[name])
+    def _cached(self, name: str) -> _Entry | None:
         entry = self._cache.get(name)
-        if entry is None or entry.until <= self._clock():
-            entry = self._shared_lookup(name, workspace or "")
-        if not entry.addresses:
-            raise DnsError(f"{host} does not resolve ({entry.failure})")
-        return list(entry.addresses)
+        return entry if entry is not None and entry.until > self._clock() else None
 
-    def _shared_lookup(self, name: str, workspace: str) -> _Entry:
-        """One lookup per name at a time: a caller arriving meanwhile waits for the same answer."""
-        pending = self._in_flight.get(name)
-        if pending is not None:
-            result: _Entry = pending.get()
-            return result
-        pending = self._in_flight[name] = AsyncResult()
-        try:
-            entry = self._bounded_lookup(name, workspace)
-            self._remember(name, entry)
-            pending.set(entry)
-            return entry
-        except BaseException as exc:  # our caller's deadline: waiters get a failure, not a hang
-            pending.set(_Entry(0.0, (), f"lookup abandoned ({type(exc).__name__})"))
-            raise
-        finally:
-            del self._in_flight[name]
-
-    def _bounded_lookup(self, name: str, workspace: str) -> _Entry:
-        slots = self._slots.setdefault(workspace, BoundedSemaphore(self._per_workspace))
-        if not slots.acquire(timeout=self._timeout):
-            return _Entry(self._clock() + 1.0, (), "too many lookups in flight for this workspace")
-        try:
-            lookup = gevent.spawn(self._lookup, name)
-            try:
-                entry: _Entry | None = lookup.get(timeout=self._timeout + 0.5)
-            except gevent.Timeout:
-                entry = None
-            finally:
-                lookup.kill(block=False)  # an abandoned lookup ends here, its socket closed
-            return entry or _Entry(self._clock() + FAILURE_TTL, (), "timed out")
-        finally:
-            slots.release()
-            if not slots.locked() and slots.counter == self._per_workspace:
-                self._slots.pop(workspace, None)  # bounded by the workspaces with lookups in flight
-
-    def _lookup(self, name: str) -> _Entry:
+    def _lookup(self, name: str, until: float | None = None) -> _Entry:
+        """Ask DNS (A, then AAAA), both within the timeout and by ``until`` (on the clock) if given."""
         addresses: list[str] = []
         ttl = self._max_ttl
         negative: float | None = None
         failure = ""
         for rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA):
+            lifetime = self._timeout if until is None else min(self._timeout, until - self._clock())
             try:
-                answer = self._resolver.resolve(name, rdtype, search=False)
+                if lifetime <= 0:
+                    raise dns.exception.Timeout
+                answer = self._resolver.resolve(name, rdtype, search=False, lifetime=lifetime)
             except dns.resolver.NXDOMAIN as exc:
                 negative, failure = self._negative_ttl(exc), "no such name"
                 break
@@ -210,3 +151,84 @@ class DnsResolver:
             while len(self._cache) >= CACHE_ENTRIES:
                 self._cache.pop(next(iter(self._cache)))
         self._cache[name] = entry
+
+
+class DnsResolver(DnsLookups):
+    """See the module docstring.  ``resolve(host, workspace)`` returns addresses or raises DnsError."""
+
+    def __init__(self, servers: Sequence[str] = (), timeout: float = 2.0, max_ttl: float = 300.0,
+                 per_workspace: int = 4, hosts: dict[str, tuple[str, ...]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(servers, timeout, max_ttl, hosts, clock)
+        self._per_workspace = per_workspace
+        self._in_flight: dict[str, AsyncResult] = {}
+        self._slots: dict[str, BoundedSemaphore] = {}
+
+    def resolve(self, host: str, workspace: str | None = None) -> list[str]:
+        name = host.lower().rstrip(".")
+        if name in self._hosts:
+            return list(self._hosts[name])
+        entry = self._cached(name) or self._shared_lookup(name, workspace or "")
+        if not entry.addresses:
+            raise DnsError(f"{host} does not resolve ({entry.failure})")
+        return list(entry.addresses)
+
+    def _shared_lookup(self, name: str, workspace: str) -> _Entry:
+        """One lookup per name at a time: a caller arriving meanwhile waits for the same answer.
+
+        Only an answer from DNS is shared.  A caller refused a slot is refused alone (its
+        workspace's cap is not another's).  The lookup runs in a greenlet of its own, so a
+        caller cut off by its deadline does not take it down: its answer still reaches the
+        other waiters and the cache.
+        """
+        until = time.monotonic() + self._timeout  # a caller's whole wait, slot included
+        pending = self._in_flight.get(name) or self._start_lookup(name, workspace, until)
+        try:
+            entry: _Entry = pending.get(timeout=max(0.0, until - time.monotonic()))
+        except gevent.Timeout:
+            return _Entry(0.0, (), "timed out")  # this caller's wait only: the lookup goes on
+        return entry
+
+    def _start_lookup(self, name: str, workspace: str, until: float) -> AsyncResult:
+        """Take a slot of ``workspace`` (or fail as dns, alone) and start the name's lookup under it."""
+        slots = self._slots.setdefault(workspace, BoundedSemaphore(self._per_workspace))
+        if not slots.acquire(timeout=max(0.0, until - time.monotonic())):
+            self._forget_slots(workspace, slots)
+            raise DnsError(f"{name} does not resolve (too many lookups in flight for this workspace)")
+        pending = self._in_flight.get(name)  # started by another workspace while this caller waited
+        entry = self._cached(name)
+        if pending is not None or entry is not None:
+            slots.release()
+            self._forget_slots(workspace, slots)
+            if pending is None:
+                pending = AsyncResult()
+                pending.set(entry)
+            return pending
+        pending = self._in_flight[name] = AsyncResult()
+        gevent.spawn(self._run_lookup, name, pending, workspace, slots)
+        return pending
+
+    def _run_lookup(self, name: str, pending: AsyncResult, workspace: str, slots: BoundedSemaphore) -> None:
+        entry = _Entry(self._clock() + FAILURE_TTL, (), "lookup failed")
+        try:
+            entry = self._bounded_lookup(name)
+            self._remember(name, entry)
+        finally:
+            del self._in_flight[name]
+            pending.set(entry)
+            slots.release()
+            self._forget_slots(workspace, slots)
+
+    def _forget_slots(self, workspace: str, slots: BoundedSemaphore) -> None:
+        if not slots.locked() and slots.counter == self._per_workspace and self._slots.get(workspace) is slots:
+            self._slots.pop(workspace, None)  # bounded by the workspaces with lookups in flight
+
+    def _bounded_lookup(self, name: str) -> _Entry:
+        lookup = gevent.spawn(self._lookup, name)
+        try:
+            entry: _Entry | None = lookup.get(timeout=self._timeout + 0.5)
+        except gevent.Timeout:
+            entry = None
+        finally:
+            lookup.kill(block=False)  # an abandoned lookup ends here, its socket closed
+        return entry or _Entry(self._clock() + FAILURE_TTL, (), "timed out")

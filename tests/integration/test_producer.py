@@ -28,6 +28,8 @@ from typing import Any
 import psycopg2
 import psycopg2.extensions
 import pytest
+from dnslib import QTYPE, RR, A
+from dnslib.server import BaseResolver, DNSServer
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from dispatcher import Event, WebhookSender, load_config, store
@@ -817,6 +819,37 @@ def wait_until_blocked(monitor: psycopg2.extensions.connection, pid: int, limit:
 # ---------------------------------------------------------------- flag off: today's synchronous path
 
 
+class LateZone(BaseResolver):  # type: ignore[misc]
+    """A real nameserver (dnslib, UDP on loopback): ``*.late.test`` is 127.0.0.1, answered 3 s late."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.port = 0
+        self.stop = threading.Event()
+
+    def resolve(self, request, handler):  # type: ignore[no-untyped-def]
+        name = str(request.q.qname).rstrip(".").lower()
+        self.queries.append(name)
+        reply = request.reply()
+        if name.endswith(".late.test") and request.q.qtype == QTYPE.A:
+            self.stop.wait(3.0)
+            reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A("127.0.0.1"), ttl=60))
+        return reply
+
+
+@pytest.fixture
+def late_dns() -> Iterator[LateZone]:
+    zone = LateZone()
+    server = DNSServer(zone, port=0, address="127.0.0.1")
+    server.start_thread()
+    zone.port = server.server.server_address[1]
+    try:
+        yield zone
+    finally:
+        zone.stop.set()
+        server.stop()
+
+
 def legacy_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
     """The ``key=value`` fields of every legacy webhook log line."""
     return [dict(re.findall(r"(\w+)=(\S+)", r.getMessage())) for r in caplog.records
@@ -939,6 +972,25 @@ class TestFlagOff:
         caplog.set_level("INFO", logger="dispatcher.producer")
         sender.send(conn, job())
         assert sorted(line["status"] for line in legacy_lines(caplog)) == ["200", "200", "timeout"]
+
+    def test_a_name_lookup_fits_the_deadline_and_its_failure_is_cached(
+        self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,
+        urls: dict[str, str], late_dns: LateZone, caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """Two endpoints on a name whose nameserver answers (the receiver's address) only 3 s late, sent
+        twice with a 500 ms deadline and a 30 s ``http.dns_timeout``: each POST, its lookup included,
+        ends inside its deadline, so the late answer is never used; the failed lookup is asked once."""
+        port = receiver.server.server_address[1]
+        for path in ("/late1", "/late2"):
+            add_endpoint(db, "ws", f"http://one.late.test:{port}{path}", ["job.created"])
+        sender = WebhookSender(load_config(write_config(db, producer__legacy_timeout="500ms", http__dns_timeout="30s",
+                                                        http__dns_servers=[f"127.0.0.1:{late_dns.port}"]), env={}))
+        caplog.set_level("INFO", logger="dispatcher.producer")
+        sender.send(conn, job())
+        sender.send(conn, job())
+        assert sorted(r.path for r in receiver.received()) == ["/all", "/all", "/created", "/created"]
+        assert sorted(line["status"] for line in legacy_lines(caplog)) == ["200"] * 4 + ["dns"] * 4
+        assert late_dns.queries.count("one.late.test") == 1, late_dns.queries
 
     def test_the_response_read_is_capped(
         self, db: Database, write_config: WriteConfig, conn: CountingConnection, receiver: Receiver,

@@ -399,3 +399,31 @@ def run_one_slow_row_worker(config: str, dsn: str, slow_event_id: str, total: in
     worker.stop()
     runner.join(timeout=30)
     return {"others_before_slow": others_before_slow, "all": _delivered(dsn)}
+
+
+def resolve_while_a_workspace_is_refused(dns_port: int) -> dict[str, Any]:
+    """Workspace ``attacker`` (one lookup slot, held by ``hold.slow.test``) and ``victim`` ask for the same
+    name at once; the attacker's turn is refused.  What each workspace got, and the victim once more."""
+    import gevent
+
+    from dispatcher.outbound.netguard import DnsError
+    from dispatcher.outbound.resolver import DnsResolver
+
+    resolver = DnsResolver([f"127.0.0.1:{dns_port}"], timeout=1.0, per_workspace=1, hosts={})
+
+    def ask(host: str, workspace: str) -> Any:
+        try:
+            return resolver.resolve(host, workspace)
+        except DnsError as exc:
+            return f"DnsError: {exc}"
+
+    # Each spawn runs up to its first wait before the next one starts: the slot holder's
+    # lookup, then the attacker waiting for its slot, then the victim.
+    holder = gevent.spawn(ask, "hold.slow.test", "attacker")
+    gevent.sleep(0)
+    attacker = gevent.spawn(ask, "shared.lit.test", "attacker")
+    gevent.sleep(0)
+    victim = gevent.spawn(ask, "shared.lit.test", "victim")
+    gevent.joinall([holder, attacker, victim])
+    return {"holder": holder.value, "attacker": attacker.value, "victim": victim.value,
+            "victim_again": ask("shared.lit.test", "victim")}

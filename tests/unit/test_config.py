@@ -177,6 +177,19 @@ class TestValues:
         config = load_raw({"http": {"timeout": "10s"}, "workers": {"lease": "21s"}})
         assert config.workers.lease == 21.0
 
+    @pytest.mark.parametrize("host", ["smtp.example.com", "10.0.0.25", "::ffff:10.0.0.25", "0.0.0.0"])
+    def test_plain_smtp_to_a_remote_relay_is_refused(self, host: str) -> None:
+        """AUTH over a plain connection would send the relay's password in clear across the network."""
+        with pytest.raises(ConfigError, match="^notifier.smtp_security: none is for a relay on loopback only"):
+            load_raw({"notifier": {"kind": "smtp", "smtp_host": host, "smtp_security": "none"}})
+
+    @pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "localhost", "LocalHost."])
+    def test_plain_smtp_to_a_loopback_relay_is_accepted(self, host: str) -> None:
+        config = load_raw({"notifier": {"kind": "smtp", "smtp_host": host, "smtp_security": "none"}})
+        assert (config.notifier.smtp_host, config.notifier.smtp_security) == (host, "none")
+        remote = load_raw({"notifier": {"kind": "smtp", "smtp_host": "smtp.example.com", "smtp_security": "tls"}})
+        assert remote.notifier.smtp_security == "tls"
+
     def test_networks_and_listen_are_parsed(self) -> None:
         config = load_raw({"http": {"allow_networks": ["127.0.0.0/8", "10.20.0.0/16"]},
                            "api": {"listen": "[::1]:9000"}})

@@ -22,6 +22,7 @@ from dispatcher.outbound.netguard import (
     check_registration_url,
     is_denied,
     parse_target,
+    registration_refusal,
     resolve_checked,
 )
 
@@ -305,13 +306,30 @@ def test_dns_failure_is_a_dns_error() -> None:
 
 
 def test_registration_check() -> None:
-    target = check_registration_url("https://later.example.test/hook", HTTPS_ONLY, _failing_resolver)
-    assert target.host == "later.example.test"  # not resolving yet is fine
+    target = check_registration_url("https://later.example.test/hook", HTTPS_ONLY, hosts={})
+    assert target.host == "later.example.test"  # not resolving (yet) is fine
     with pytest.raises(BlockedURL, match="10.1.2.3"):
-        check_registration_url("https://internal.example.test/", HTTPS_ONLY, _resolver("10.1.2.3"))
+        check_registration_url("https://internal.example.test/", HTTPS_ONLY,
+                               hosts={"internal.example.test": ("10.1.2.3",)})
     with pytest.raises(BlockedURL, match="169.254.169.254"):
-        check_registration_url("https://169.254.169.254/latest/meta-data/", HTTPS_ONLY, _failing_resolver)
+        check_registration_url("https://169.254.169.254/latest/meta-data/", HTTPS_ONLY, hosts={})
     with pytest.raises(BlockedURL, match="https"):
-        check_registration_url("http://hooks.example.test/", HTTPS_ONLY, _failing_resolver)
+        check_registration_url("http://hooks.example.test/", HTTPS_ONLY, hosts={})
     with pytest.raises(InvalidURL):
-        check_registration_url("https://user:pw@hooks.example.test/", HTTPS_ONLY, _failing_resolver)
+        check_registration_url("https://user:pw@hooks.example.test/", HTTPS_ONLY, hosts={})
+
+
+def test_registration_never_waits_on_dns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registration runs on the API's shared threads, where one tenant's names on a black-holed zone
+    held every other tenant's create: it asks no nameserver (the send-time check is the one that
+    counts) and only reads the local hosts file, so ``localhost`` is still refused up front."""
+    asked: list[str] = []
+
+    def system_resolver(host: str, *_: Any) -> Any:
+        asked.append(host)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", system_resolver)
+    assert registration_refusal("https://hooks.dark.example.test/x", HTTPS_ONLY) is None
+    assert registration_refusal("https://localhost/x", HTTPS_ONLY) == "address not allowed"
+    assert asked == []

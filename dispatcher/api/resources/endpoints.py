@@ -38,7 +38,7 @@ class Endpoints(Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         who = principal(self.ctx, req, auth.WRITE)
         params.only(req)
-        # Body and URL are checked before a connection is taken (the URL check may resolve DNS).
+        # Body and URL are checked before a connection is taken.
         body = params.endpoint_fields(params.json_body(req, self.ctx.config.max_body_bytes), creating=True)
         check_url(self.ctx, body.get("url"))
         secret = new_secret()

@@ -17,13 +17,15 @@ from dnslib.server import BaseResolver, DNSServer
 
 from dispatcher_devtools.kit import Dispatcher, produce, query, seed_workspace, status_counts
 from dispatcher_devtools.receiver import ReceiverProcess
+from tests.support import run_green
 from tests.support.faults import settle
 
 pytestmark = pytest.mark.timeout(90)
 
 
 class Zones(BaseResolver):  # type: ignore[misc]
-    """``*.lit.test`` answers 127.0.0.1 (TTL 60); ``*.dark.test`` never answers; anything else is NXDOMAIN."""
+    """``*.lit.test`` answers 127.0.0.1 (TTL 60); ``*.dark.test`` never answers; ``*.slow.test`` answers A
+    with no address after 0.5 s and never answers AAAA; anything else is NXDOMAIN."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -35,6 +37,9 @@ class Zones(BaseResolver):  # type: ignore[misc]
         reply = request.reply()
         if name.endswith(".dark.test"):
             self.release.wait(60)  # a black hole: the answer never comes in time
+        elif name.endswith(".slow.test"):
+            # A lookup that holds its slot past one dns_timeout: A (empty) late, AAAA never.
+            self.release.wait(0.5 if request.q.qtype == QTYPE.A else 60)
         elif name.endswith(".lit.test"):
             if request.q.qtype == QTYPE.A:
                 reply.add_answer(RR(request.q.qname, QTYPE.A, rdata=A("127.0.0.1"), ttl=60))
@@ -106,3 +111,16 @@ def test_a_black_holed_zone_does_not_hold_up_another_workspaces_deliveries(
     for url, count in attempts.items():
         name = url.split("//", 1)[1].split(":", 1)[0]
         assert zones.queries.count(name) < count, (name, zones.queries.count(name), count)
+
+
+def test_a_workspaces_lookup_refusal_is_not_handed_to_another_workspace(dns_server: tuple[Zones, int]) -> None:
+    """An attacker workspace past its lookup cap asks for the victim's name just before the victim does:
+    the refusal is the attacker's alone, and it is not cached for the name."""
+    zones, dns_port = dns_server
+    out = run_green("tests.support.faults:resolve_while_a_workspace_is_refused", {"dns_port": dns_port})
+    assert out["holder"] == "DnsError: hold.slow.test does not resolve (timed out)", out
+    assert out["attacker"] == ("DnsError: shared.lit.test does not resolve "
+                               "(too many lookups in flight for this workspace)"), out
+    assert out["victim"] == ["127.0.0.1"], out
+    assert out["victim_again"] == ["127.0.0.1"], out
+    assert "shared.lit.test" in zones.queries
