@@ -201,7 +201,10 @@ def test_term_past_the_grace_period_releases_rows_still_in_flight(
 
 def test_int_is_a_fast_shutdown_that_releases_leases(db, make_config, tmp_path: Path,
                                                      receiver: ReceiverProcess) -> None:
-    seed_workspace(db.dsn, "ws", [receiver.url("latency", f"s{n}", ms=4000) for n in range(4)])
+    # Answers take 30 s, so no send can end before the INT even when one worker boots late: with
+    # held lanes each process takes at most its share (2) of an endpoint's 4 slots, so the 16 sends
+    # in flight need both workers' claims.
+    seed_workspace(db.dsn, "ws", [receiver.url("latency", f"s{n}", ms=30000) for n in range(4)])
     config = make_config(workers={"processes": 2, "graceful_timeout": "20s"})
     produce(config, db.dsn, "ws", 10)
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
