@@ -201,11 +201,12 @@ def test_term_past_the_grace_period_releases_rows_still_in_flight(
 
 def test_int_is_a_fast_shutdown_that_releases_leases(db, make_config, tmp_path: Path,
                                                      receiver: ReceiverProcess) -> None:
-    # Answers take 30 s, so no send can end before the INT even when one worker boots late: with
-    # held lanes each process takes at most its share (2) of an endpoint's 4 slots, so the 16 sends
-    # in flight need both workers' claims.
-    seed_workspace(db.dsn, "ws", [receiver.url("latency", f"s{n}", ms=30000) for n in range(4)])
-    config = make_config(workers={"processes": 2, "graceful_timeout": "20s"})
+    # Answers take 60 s (within the 90 s deadline), so no send ends, and none times out, before the
+    # INT.  Eight endpoints: with held lanes a worker takes at most its share (2) of an endpoint's 4
+    # slots, so either worker alone can have 16 sends in flight, however late the other boots.
+    seed_workspace(db.dsn, "ws", [receiver.url("latency", f"s{n}", ms=60000) for n in range(8)])
+    config = make_config(workers={"processes": 2, "graceful_timeout": "20s", "lease": "200s"},
+                         http={"timeout": "90s"})
     produce(config, db.dsn, "ws", 10)
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         pids = workers_up(dispatcher, 2)
@@ -221,7 +222,7 @@ def test_int_is_a_fast_shutdown_that_releases_leases(db, make_config, tmp_path: 
     assert "SIGINT: fast shutdown" in log
     assert count(db.dsn, LEASED) == 0, "fast shutdown left leases behind"
     assert count(db.dsn, DEFERRED) == 0
-    assert status_counts(db.dsn) == {"pending": 40}
+    assert status_counts(db.dsn) == {"pending": 80}
 
 
 # --------------------------------------------------------------------------- crashes and health
