@@ -240,6 +240,22 @@ def verified(request: Request, secret: str = SECRET) -> Any:
 def job(workspace_id: str = "ws", type_: str = "job.created", **payload: Any) -> Event:
     return Event(workspace_id=workspace_id, type=type_, payload=payload or {"job_id": 7, "note": "ünïcode"})
 
+def send_past_an_open_transaction(sender: WebhookSender, first: Any, second: Any) -> tuple[Any, Any]:
+    """A sends on ``first`` and keeps its transaction open; B sends on ``second`` and commits.
+    B must not wait for A, and B's sequence comes after A's."""
+    held = sender.send(first, job())
+    with second.cursor() as cur:
+        # Were B to queue behind A's transaction, this fails instead of hanging.
+        cur.execute("SET lock_timeout = '10s'")
+    second.commit()
+    passed = sender.send(second, job())
+    second.commit()  # B commits while A is still open
+    assert first.status == psycopg2.extensions.STATUS_IN_TRANSACTION
+    assert held.sequence is not None and passed.sequence is not None
+    assert passed.sequence > held.sequence, "allocation order"
+    return held, passed
+
+
 
 # ---------------------------------------------------------------- flag on: the outbox
 
@@ -647,16 +663,7 @@ class TestSequence:
         add_endpoint(db, "ws", "http://127.0.0.1:9/all")
         first, second = db.connect(), db.connect()
         try:
-            held = sender.send(first, job())  # A sends and keeps its transaction open
-            with second.cursor() as cur:
-                # Were B to queue behind A (the old counter row), this fails instead of hanging.
-                cur.execute("SET lock_timeout = '10s'")
-            second.commit()
-            passed = sender.send(second, job())
-            second.commit()  # B commits while A is still open
-            assert first.status == psycopg2.extensions.STATUS_IN_TRANSACTION
-            assert held.sequence is not None and passed.sequence is not None
-            assert passed.sequence > held.sequence, "allocation order"
+            held, passed = send_past_an_open_transaction(sender, first, second)
             assert db.query("SELECT id FROM events") == [(passed.id,)]
             first.commit()
         finally:
@@ -1275,16 +1282,7 @@ class TestFlagOffSequence:
         sender = WebhookSender(load_config(write_config(db, producer__shadow_writes=shadow_writes), env={}))
         first, second = db.connect(), db.connect()
         try:
-            held = sender.send(first, job())  # A sends and keeps its transaction open
-            with second.cursor() as cur:
-                # Were B to queue behind A's transaction, this fails instead of hanging.
-                cur.execute("SET lock_timeout = '10s'")
-            second.commit()
-            passed = sender.send(second, job())
-            second.commit()  # B commits while A is still open
-            assert first.status == psycopg2.extensions.STATUS_IN_TRANSACTION
-            assert held.sequence is not None and passed.sequence is not None
-            assert passed.sequence > held.sequence, "allocation order"
+            held, passed = send_past_an_open_transaction(sender, first, second)
             first.commit()
         finally:
             first.close()
