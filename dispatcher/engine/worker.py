@@ -363,9 +363,14 @@ class Worker:
             self._settle(endpoint_id, lane)
 
     def _busy_endpoints(self, share: int) -> list[int]:
-        """Lanes the walk passes by: those holding their share (a refilled lane is passed by too,
-        by the store); a lane holding fewer may take more slots as they come free."""
-        return [endpoint_id for endpoint_id, lane in self._lanes.items() if lane.slots >= share]
+        """Lanes the walk passes by: those that may take no more slots (LanePolicy.takes_more; a
+        refilled lane is passed by too, by the store)."""
+        now = time.monotonic()
+        limit = self.config.workers.per_endpoint_concurrency
+        # A lane that has run dry (closing) takes no slots beyond its share: it is giving them back.
+        return [endpoint_id for endpoint_id, lane in self._lanes.items()
+                if not self._lane_policy.takes_more(lane.slots, share, limit, now - lane.started)
+                or (lane.closing and lane.slots >= share)]
 
     def _walk_share(self) -> int:
         """Slots one walk visit may take: the process's share while a lane of a whole endpoint's

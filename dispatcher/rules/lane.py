@@ -21,6 +21,10 @@ SMOOTHING = 0.2
 # A queued row is sent only while its lease outlasts one more deadline by this much: the
 # lease was stamped by the database a claim's round trip before the process saw the row.
 LEASE_MARGIN = 1.0
+# How long a lane holds its process's share before it takes slots its peers leave free: a peer
+# serving the endpoint takes its own share within its first claims (a poll interval or two),
+# so slots still free this far into the lane are slots no peer is using.
+PEER_GRACE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,15 @@ class LanePolicy:
         if not self.hold:
             return 0
         return max_in_flight * slots // max(slots_held, slots, 1)
+
+    def takes_more(self, slots: int, share: int, limit: int, held_for: float) -> bool:
+        """The endpoint walk may grant the lane more slots: below its process's ``share`` always;
+        past it, up to the endpoint's ``limit``, once it has held them for ``PEER_GRACE`` and
+        while its turn lasts.  A process whose peers are down or still booting then serves a hot
+        endpoint with every slot; a peer that comes later gets them when the turn ends."""
+        if slots < share:
+            return True
+        return self.hold and slots < limit and PEER_GRACE <= held_for < self.turn
 
     def renewal_due(self, since_renewed: float) -> bool:
         """The slots' lease must be renewed (by the next claim) to outlast what is queued."""

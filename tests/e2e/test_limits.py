@@ -111,6 +111,25 @@ def test_a_hot_lane_keeps_its_slots_and_hands_them_on(db, write_config) -> None:
     assert status_counts(db.dsn) == {"delivered": 300}
 
 
+def test_a_lone_process_takes_the_slots_its_peers_leave_free(db, write_config) -> None:
+    # The region runs 2 processes, so a hot lane first takes its process's share, 2 of the endpoint's 4 slots,
+    # leaving the rest to the peer.  Here the peer never comes (down, or still booting): the lane takes the 2
+    # it leaves free once it has held its share for a moment, instead of running at half its slots.
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=20)])
+        config = write_config(db, workers={"processes": 2, "per_endpoint_concurrency": 4, "poll_interval": "50ms",
+                                           "lane_hold": True, "lane_turn": "10m", "lease": "60s"})
+        produce(config, db.dsn, "ws", 600)
+        out = run_green("tests.support.faults:run_lone_worker", {
+            "config": str(config), "dsn": db.dsn, "total": 600}, timeout=150)
+        seen = receiver.endpoint("hot")
+    assert out["all_done"], out
+    assert out["most_held"] == 4, f"the lone process held all 4 slots at some point: {out}"
+    assert out["ledger_after"] == [], "it handed them back when it stopped"
+    assert seen["max_concurrency"] <= 4, seen
+    assert seen["unique"] == 600, seen
+
+
 def test_a_slow_row_does_not_hold_its_lanes_other_slots(db, write_config) -> None:
     # Concurrency 2: one slot is taken by a row whose POST does not end until the others are in.
     # The other slot's sender goes on with the lane's queue (or the slot goes back and is taken

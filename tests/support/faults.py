@@ -334,6 +334,27 @@ def run_hot_lane_workers(config: str, dsn: str, total: int, hand_on_after: int, 
             "ledger_after": _ledger(dsn)}
 
 
+def run_lone_worker(config: str, dsn: str, total: int, timeout: float = 90.0) -> dict[str, Any]:
+    """``green.py`` target: one real :class:`dispatcher.engine.worker.Worker` (owner ``green:a``) of a region
+    configured for more processes, none of which runs, on one hot endpoint.  Returns whether all ``total``
+    rows were delivered and the most slots the ledger showed it holding at once."""
+    import gevent
+
+    from dispatcher.config import load_config
+    from dispatcher.engine.worker import Worker
+
+    worker = Worker(load_config(config, env={}), dsn, "green:a")
+    running = gevent.spawn(worker.run)
+    most, deadline, done = 0, time.monotonic() + timeout, False
+    while time.monotonic() < deadline and not done:
+        most = max([most, *(held for _, held in _ledger(dsn))])
+        done = _delivered(dsn) >= total
+        gevent.sleep(0.05)
+    worker.stop()
+    running.join(timeout=30)
+    return {"all_done": done, "most_held": most, "ledger_after": _ledger(dsn)}
+
+
 def _delivered(dsn: str) -> int:
     conn = psycopg2.connect(dsn)
     try:

@@ -115,3 +115,20 @@ def test_a_process_whose_slots_fill_half_its_room_queues_no_lane_ahead(slots_hel
 
 def test_without_lane_hold_no_lane_has_a_budget() -> None:
     assert LanePolicy(lease=60.0, deadline=10.0, hold=False).budget(512, 2, 2) == 0
+
+
+@pytest.mark.parametrize(("slots", "held_for", "more"), [
+    (1, 0.0, True),     # below its process's share (2 of 4): always
+    (2, 0.5, False),    # its share, too early: a peer may be taking its own
+    (2, 1.0, True),     # its share for PEER_GRACE: the slots left free are no peer's
+    (3, 4.9, True),
+    (4, 2.0, False),    # the endpoint's whole limit
+    (2, 5.0, False),    # its turn is over: the slots go round, a later peer gets them
+])
+def test_a_lane_takes_the_slots_its_peers_leave_free_after_a_grace(slots: int, held_for: float, more: bool) -> None:
+    assert POLICY.takes_more(slots, 2, 4, held_for) is more
+
+
+def test_without_lane_hold_a_lane_takes_no_more_than_its_share() -> None:
+    policy = LanePolicy(lease=60.0, deadline=10.0, hold=False)
+    assert policy.takes_more(1, 2, 4, 2.0) and not policy.takes_more(2, 2, 4, 2.0)
