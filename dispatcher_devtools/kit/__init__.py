@@ -7,11 +7,13 @@
 * :mod:`.configs`  -- the YAML config of a test or benchmark run;
 * :mod:`.runner`   -- the dispatcher run as in production, in its own process group;
 * :mod:`.logs`     -- structured ``event=NAME`` keys in its log lines;
+* :mod:`.activity` -- :class:`SessionActivity`, statements the dispatcher's sessions finished (pg_stat_activity);
 * :mod:`.replication` -- a primary and a streaming standby on loopback ports (failover, read replicas).
 
 The pytest fixtures stay in ``tests/conftest.py``; they call this kit.
 """
 
+from dispatcher_devtools.kit.activity import SessionActivity
 from dispatcher_devtools.kit.capture import CapturedPost, CaptureServer, capture_server
 from dispatcher_devtools.kit.configs import apply_overrides, bench_config, config_for_test, write_config
 from dispatcher_devtools.kit.database import (
@@ -62,6 +64,7 @@ __all__ = [
     "seed_endpoints",
     "seed_workspace",
     "seed_workspaces",
+    "SessionActivity",
     "status_counts",
     "SteadyProducer",
     "wait_until",

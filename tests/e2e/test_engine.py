@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from dispatcher_devtools.kit import (
     SECRET,
     CaptureServer,
     Dispatcher,
+    SessionActivity,
     capture_server,
     produce,
     query,
@@ -229,8 +230,19 @@ def test_backlog_alert_fires_from_one_process(db, write_config, tmp_path: Path, 
     produce(config, db.dsn, "ws", 30)
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         wait_until(lambda: "backlog alert:" in dispatcher.log(), message="the backlog alert")
-        time.sleep(1.0)  # several check intervals: a second evaluator would have spoken by now
+        owners = wait_until(lambda: len(seen := set(re.findall(r"worker (\S+) started", dispatcher.log()))) >= 2
+                            and seen, message="both workers started")
+        (first,) = _alerting(dispatcher.log())
+        # The other worker runs five more upkeep rounds (each starts by trying for the lease):
+        # had it evaluated the alert too, it would have spoken by then.
+        for owner in owners - {first}:
+            SessionActivity(db.dsn, "upkeep", "INSERT INTO region_leader", owner=owner).wait_for(5)
     log = dispatcher.log()
     assert "more than 5 pending rows overdue by more than 0.1s" in log
-    alerting = {line.split("[", 1)[1].split("]", 1)[0] for line in log.splitlines() if "backlog alert:" in line}
+    alerting = _alerting(log)
     assert len(alerting) == 1, f"exactly one process per region evaluates the alert: {alerting}"
+
+
+def _alerting(log: str) -> set[str]:
+    """The processes (``[owner]`` of the line) that logged a backlog alert."""
+    return {line.split("[", 1)[1].split("]", 1)[0] for line in log.splitlines() if "backlog alert:" in line}

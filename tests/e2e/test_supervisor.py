@@ -28,6 +28,7 @@ from dispatcher_devtools.kit import (
     REPO,
     SECRET,
     Dispatcher,
+    SessionActivity,
     assert_no_event,
     produce,
     query,
@@ -39,10 +40,14 @@ from dispatcher_devtools.receiver import ReceiverProcess
 
 pytestmark = pytest.mark.timeout(90)
 
+# The statement each worker's upkeep round starts with: take or renew the region's leader lease.
+HOLD_LEADERSHIP = "INSERT INTO region_leader"
 LEASED = "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL"
 # Rows that are pending but pushed into the future: a lease that was left to lapse.
 DEFERRED = ("SELECT count(*) FROM webhook_deliveries "
             "WHERE status = 'pending' AND next_attempt_at > now() + interval '2 seconds'")
+CLAIM_SESSIONS = ("SELECT pid FROM pg_stat_activity "
+                  "WHERE datname = current_database() AND application_name LIKE 'dispatcher claim %%'")
 DISPATCHER_SESSIONS = ("SELECT pid, application_name, state, extract(epoch FROM clock_timestamp() - state_change), "
                        "extract(epoch FROM clock_timestamp() - xact_start) FROM pg_stat_activity "
                        "WHERE datname = current_database() AND application_name LIKE 'dispatcher%%'")
@@ -437,16 +442,22 @@ def test_hup_reloads_the_config_and_replaces_workers(db, make_config, tmp_path: 
         config.write_text("workers: [this is: not valid\n")
         dispatcher.signal(signal.SIGHUP)
         wait_until(lambda: "HUP: config not reloaded" in dispatcher.log(), message="the reload error")
-        time.sleep(1.0)  # two turns of the main loop: nothing may be replaced
-        assert dispatcher.worker_pids() == [original]
+        # TTIN is handled after the failed HUP, and its spawn (in that pass or a later one)
+        # would also replace a worker the HUP had retired: once it is up, nothing was replaced.
+        # (A worker reads the file when it boots, so the new one needs the good file back.)
+        config.write_text(good)
+        dispatcher.signal(signal.SIGTTIN)
+        pair = workers_up(dispatcher, 2)
+        assert original in pair, "the failed reload replaced the running worker"
+        assert dispatcher.log().count("spawned worker") == 2
         assert dispatcher.process is not None and dispatcher.process.poll() is None
 
-        config.write_text(make_config(workers={"processes": 2}).read_text())
+        config.write_text(make_config(workers={"processes": 3}).read_text())
         assert config.read_text() != good
         dispatcher.signal(signal.SIGHUP)
-        replaced = workers_up(dispatcher, 2)
-        assert original not in replaced
-        wait_until(lambda: not live(original), message="the old worker to exit")
+        replaced = workers_up(dispatcher, 3)
+        assert not set(pair) & set(replaced)
+        wait_until(lambda: not any(live(pid) for pid in pair), message="the old workers to exit")
     log = dispatcher.log()
     assert "HUP: config reloaded" in log
     assert_no_event(log, "worker_restarting")  # a retired worker is not a crash
@@ -497,16 +508,22 @@ def test_database_blips_are_survived_without_losing_rows(db, make_config, tmp_pa
     config = make_config(workers={"processes": 2, "lease": "11s"})
     rows = 2 * 80
     produce(config, db.dsn, "ws", 80)
-    terminate = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                 "WHERE datname = current_database() AND application_name LIKE 'dispatcher%%'")
+    # The pids of the dispatcher sessions it terminated (OFFSET 0 keeps the filter before the kill).
+    terminate = ("SELECT pid FROM (SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                 "AND application_name LIKE 'dispatcher%%' OFFSET 0) s WHERE pg_terminate_backend(pid)")
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         pids = workers_up(dispatcher, 2)
         wait_until(lambda: status_counts(db.dsn).get("delivered", 0) >= 10, message="deliveries to flow")
-        killed = 0
-        for _ in range(3):
-            killed += count(db.dsn, terminate)
-            time.sleep(0.4)
-        assert killed >= 3, "the blips hit dispatcher sessions"
+        killed: set[int] = set()
+
+        def reconnected() -> set[int]:
+            return {pid for pid, in query(db.dsn, CLAIM_SESSIONS)} - killed
+
+        for blip in range(3):
+            # Each blip waits for a claim session opened since the last one: it hits a dispatcher that reconnected.
+            wait_until(reconnected, message=f"a claim session reconnected before blip {blip + 1}")
+            killed |= {pid for pid, in query(db.dsn, terminate)}
+        assert len(killed) >= 3, "the blips hit dispatcher sessions"
         wait_until(lambda: status_counts(db.dsn) == {"delivered": rows}, timeout=45,
                    message=f"all {rows} rows delivered")
         assert sorted(dispatcher.worker_pids()) == pids, "no worker died for a database blip"
@@ -524,10 +541,14 @@ def test_no_transaction_is_held_open_across_http(db, make_config, tmp_path: Path
     samples: list[tuple[Any, ...]] = []
     with Dispatcher(config, tmp_path / "d.log"):
         wait_until(lambda: receiver.stats(fast=True)["total"] >= 30, message="slow sends in flight")
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            samples += query(db.dsn, DISPATCHER_SESSIONS)
-            time.sleep(0.01)
+
+        def sampled_a_wave() -> bool:
+            # Sample until 20 of the slow sends were recorded (each held 2 s of HTTP), so the
+            # samples span claims, sends and records.
+            samples.extend(query(db.dsn, DISPATCHER_SESSIONS))
+            return status_counts(db.dsn).get("delivered", 0) >= 20
+
+        wait_until(sampled_a_wave, interval=0.01, message="20 slow sends recorded while sampling")
     assert {name.split()[1] for _, name, *_ in samples} >= {"claim", "record"}, "dispatcher sessions were seen"
     # A transaction held across a 2s POST would sit 'idle in transaction' for
     # up to 2s.  The one unavoidable sliver is between a statement's result and
@@ -552,10 +573,12 @@ def test_exactly_one_process_runs_region_upkeep_and_another_takes_over(db, make_
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         pids = workers_up(dispatcher, 2)
         (leader_owner,) = wait_until(lambda: _upkeep_leaders(dispatcher.log()), message="an upkeep leader")
-        time.sleep(1.0)  # five upkeep rounds of both workers: nobody else may win
+        (leader,) = [pid for pid in pids if owner_of(pid) == leader_owner]
+        (other,) = [owner_of(pid) for pid in pids if pid != leader]
+        # The other worker tries for the lease five more times; only then may it not have won.
+        SessionActivity(db.dsn, "upkeep", HOLD_LEADERSHIP, owner=other).wait_for(5)
         assert _upkeep_leaders(dispatcher.log()) == [leader_owner]
         assert _lease_holders(db.dsn) == [leader_owner]
-        (leader,) = [pid for pid in pids if owner_of(pid) == leader_owner]
 
         psutil.Process(leader).send_signal(signal.SIGKILL)
         leaders = wait_until(lambda: (found := _upkeep_leaders(dispatcher.log()))[1:] and found,

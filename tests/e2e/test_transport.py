@@ -8,11 +8,12 @@ and the SSRF guard.
 from __future__ import annotations
 
 import socket
-import time
+import threading
 from typing import Any
 
 import pytest
 
+from dispatcher.outbound import transport as transport_module
 from dispatcher.outbound.transport import _PoolCache, make_transport
 from tests.support import KINDS, LoopbackServer, Peer, Request, post, post_green, responder, response
 
@@ -158,25 +159,40 @@ def test_header_checks_hold_for_every_request_with_the_same_names(kind: str) -> 
 @by_kind
 def test_idle_connection_the_peer_closed_or_wrote_to_is_not_reused(kind: str) -> None:
     # A keep-alive connection that went bad while idle in the pool is dropped and a new one
-    # dialled: nothing is sent into it.  The slow second server lets the first one's FIN
-    # (or stray bytes) arrive before the pooled connection is looked at again.
+    # dialled: nothing is sent into it.  Between two posts to the first server the client
+    # posts to the second, and the two servers hand off: the second one's request shows the
+    # client is done reading the first one's answer (stray bytes sent earlier could be read
+    # with it), then the first one closes (FIN) or writes stray bytes, and only then does the
+    # second one answer, so the pooled connection is bad before it is looked at again.
+    client_moved_on, misbehaved = threading.Semaphore(0), threading.Semaphore(0)
+    broken: list[str] = []
+
     def answer_then_misbehave(peer: Peer) -> None:
         request = peer.read_request()
-        if request is None or not peer.send(response(200, b"ok")):
+        if request is None or not peer.send(response(200, b"ok")) or len(first.requests) == 3:
+            return  # the third post is the last: no second-server post follows it
+        if not client_moved_on.acquire(timeout=30):
+            broken.append(f"the client never posted to the second server after {request.path}")
             return
         if request.path == "/stray":
-            time.sleep(0.05)
             peer.send(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")  # unasked for
+            misbehaved.release()
             peer.wait_closed()
-        # otherwise: close quietly (FIN) while the client keeps the connection
+        else:
+            peer.sock.close()  # quietly (FIN) while the client keeps the connection
+            misbehaved.release()
 
-    def slow(request: Request) -> bytes:
-        time.sleep(0.3)
-        return response(200, b"slow")
+    def after_the_first_misbehaved(request: Request) -> bytes:
+        client_moved_on.release()
+        if not misbehaved.acquire(timeout=30):
+            broken.append("the first server never closed or wrote to its idle connection")
+        return response(200, b"second")
 
-    with LoopbackServer(answer_then_misbehave) as first, LoopbackServer(responder(slow)) as second:
+    with LoopbackServer(answer_then_misbehave) as first, \
+            LoopbackServer(responder(after_the_first_misbehaved)) as second:
         run = post_green(kind, [first.url("/closed"), second.url(), first.url("/stray"), second.url(),
                                 first.url("/closed")])
+    assert not broken, broken
     assert [(r["status"], r["error"]) for r in run.results] == [(200, None)] * 5
     assert first.connections == 3
     assert [r.path for r in first.requests] == ["/closed", "/stray", "/closed"]
@@ -231,7 +247,24 @@ def test_unknown_kind_is_rejected() -> None:
         make_transport("requests", timeout=1.0)  # type: ignore[arg-type]
 
 
-def test_pool_cache_evicts_least_recently_used_and_idle_pools() -> None:
+class _Clock:
+    """A monotonic clock that moves only when the test says: the pool cache's idle rule, untimed."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr(transport_module, "time", fake)
+    return fake
+
+
+def test_pool_cache_evicts_least_recently_used_and_idle_pools(clock: _Clock) -> None:
     closed: list[str] = []
     cache: _PoolCache[str] = _PoolCache(max_pools=2, idle_timeout=3600, close=closed.append)
 
@@ -246,12 +279,12 @@ def test_pool_cache_evicts_least_recently_used_and_idle_pools() -> None:
 
     idle: _PoolCache[str] = _PoolCache(max_pools=10, idle_timeout=0, close=closed.append)
     idle.get(key("x"), lambda: "pool-x")
-    time.sleep(0.01)  # the clock must move past the zero idle timeout
+    clock.now += 0.001  # past the zero idle timeout
     idle.get(key("y"), lambda: "pool-y")
     assert closed[-1] == "pool-x" and len(idle) == 1
 
 
-def test_pool_cache_closes_an_idle_pool_while_another_is_in_steady_use() -> None:
+def test_pool_cache_closes_an_idle_pool_while_another_is_in_steady_use(clock: _Clock) -> None:
     closed: list[str] = []
     cache: _PoolCache[str] = _PoolCache(max_pools=10, idle_timeout=0.2, close=closed.append)
 
@@ -261,7 +294,7 @@ def test_pool_cache_closes_an_idle_pool_while_another_is_in_steady_use() -> None
     cache.get(key("quiet"), lambda: "pool-quiet")
     for _ in range(5):  # "busy" is used again and again; "quiet" is not
         assert cache.get(key("busy"), lambda: "pool-busy") == "pool-busy"
-        time.sleep(0.06)
+        clock.now += 0.06
     assert closed == ["pool-quiet"] and len(cache) == 1
     assert cache.get(key("quiet"), lambda: "new-quiet") == "new-quiet"
 

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import falcon.testing
+import psutil
 import pytest
 
 from dispatcher.api.app import create_app
 from dispatcher.config import load_config
-from dispatcher_devtools.kit import query
+from dispatcher_devtools.kit import query, wait_until
 from tests.support.faults import ApiServer, create_token
 
 pytestmark = pytest.mark.timeout(120)
@@ -112,6 +113,16 @@ def test_slowloris_does_not_stop_healthz_and_idle_connections_are_closed(api_con
                 sock.close()
 
 
+def _accepted(api: ApiServer, socks: list[socket.socket]) -> bool:
+    """The API process holds the server end of every one of ``socks``: it accepted them, and
+    reads them from then on (a connection still in the listen backlog is in no process)."""
+    assert api.process is not None
+    server = psutil.Process(api.process.pid)
+    ends = {(c.raddr.ip, c.raddr.port) for p in (server, *server.children(recursive=True))
+            for c in p.net_connections("tcp") if c.raddr}
+    return {sock.getsockname()[:2] for sock in socks} <= ends
+
+
 def _seed_dead(db: Any, ws: str, endpoint: int, rows: int, tag: str) -> None:
     query(db.dsn, "WITH ev AS (INSERT INTO events (id, workspace_id, type, sequence, payload)"
                   "  SELECT 'evt_' || %(tag)s || '_' || n, %(ws)s, 'job.created', n, '{}'"
@@ -144,7 +155,7 @@ def test_slow_recover_uploads_do_not_starve_other_workspaces(db, api_config) -> 
                              f"Authorization: Bearer {slow_token}\r\nContent-Type: application/json\r\n"
                              f"Content-Length: {len(body)}\r\n\r\n".encode() + body[:5])
                 uploads.append(sock)
-            time.sleep(0.5)  # let the server start reading them
+            wait_until(lambda: _accepted(api, uploads), message="the API to accept the 8 uploads")
             for _ in range(3):
                 assert _get(api.port, "/v2/webhooks/deliveries", other_token, timeout=10.0)[0] == 200
             # The uploads finish and are served: nothing was lost to the wait.

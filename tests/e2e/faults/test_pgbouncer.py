@@ -13,18 +13,27 @@ TCP, or over the unix socket of the embedded server (``host=`` a directory).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2.extensions
 import pytest
 
-from dispatcher_devtools.kit import Dispatcher, free_port, produce, query, seed_workspace, status_counts
+from dispatcher_devtools.kit import (
+    Dispatcher,
+    SessionActivity,
+    free_port,
+    produce,
+    query,
+    seed_workspace,
+    status_counts,
+    wait_until,
+)
 from dispatcher_devtools.receiver import ReceiverProcess
 from tests.support.faults import settle
 
@@ -88,18 +97,18 @@ pidfile = {folder}/pgbouncer.pid
         command[1:1] = ["-u", _run_as(host)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        give_up = time.monotonic() + 15
-        while True:
+        def listening() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
+                return True
             except OSError:
-                if process.poll() is not None or time.monotonic() > give_up:
-                    log = (folder / "pgbouncer.log").read_text() if (folder / "pgbouncer.log").exists() else ""
-                    pytest.fail(f"pgbouncer did not start (exit {process.poll()}):\n"
-                                f"{process.stdout.read() if process.stdout and process.poll() is not None else ''}"
-                                f"{log[-2000:]}")
-                time.sleep(0.1)
+                return process.poll() is not None  # exited: stop waiting, and fail below
+
+        wait_until(listening, timeout=15, interval=0.1, message=f"pgbouncer to listen on port {port}")
+        if process.poll() is not None:
+            log = (folder / "pgbouncer.log").read_text() if (folder / "pgbouncer.log").exists() else ""
+            pytest.fail(f"pgbouncer did not start (exit {process.poll()}):\n"
+                        f"{process.stdout.read() if process.stdout else ''}{log[-2000:]}")
         yield psycopg2.extensions.make_dsn(server_dsn, host="127.0.0.1", port=str(port))
     finally:
         process.terminate()
@@ -134,7 +143,13 @@ def test_migrate_produce_and_drain_through_pgbouncer_transaction_pooling(
     with Dispatcher(config, tmp_path / "d.log") as dispatcher:
         settle(dispatcher, empty_db.dsn, lambda: status_counts(empty_db.dsn) == {"delivered": EVENTS},
                f"all {EVENTS} rows delivered", timeout=120)
-        time.sleep(1.0)  # several upkeep rounds (200 ms) in which a second leader could appear
+        ((leader,),) = query(empty_db.dsn, "SELECT owner FROM region_leader")
+        others = set(re.findall(r"worker (\S+) started", dispatcher.log())) - {leader}
+        assert others, "a second worker ran"
+        # Each other worker tries for the lease five more times through the pooler: a second
+        # leader (session state leaking across pooled connections) would have appeared by then.
+        for owner in others:
+            SessionActivity(empty_db.dsn, "upkeep", "INSERT INTO region_leader", owner=owner).wait_for(5)
         log = dispatcher.log()
         leaders = query(empty_db.dsn, "SELECT region, owner FROM region_leader")
     assert "ERROR" not in log and "prepared statement" not in log and "Traceback" not in log, log[-3000:]
