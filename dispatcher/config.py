@@ -540,20 +540,29 @@ def _is_loopback(host: str) -> bool:
 
 def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
     """Read a YAML file into a Config; raises ConfigError with a one-line reason."""
+    return config_from_text(read_config_text(path), env, source=str(Path(path)))
+
+
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """A config file's text; raises ConfigError naming the file when it cannot be read."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {file}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {file} is not UTF-8 text") from None
+
+
+def config_from_text(text: str, env: Mapping[str, str] | None = None, source: str = "<text>") -> Config:
+    """A config file's text (YAML) into a Config; errors name ``source``."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {file} is not valid YAML{where}") from None
-    return config_from_mapping(raw or {}, env, source=str(file))
+        raise ConfigError(f"config file {source} is not valid YAML{where}") from None
+    return config_from_mapping(raw or {}, env, source=source)
 
 
 def _shown(f: dataclasses.Field[Any]) -> str:

@@ -5,7 +5,8 @@ Signal handlers only queue the signal and wake the main loop; the loop acts:
 * TERM: graceful -- workers stop claiming, finish in-flight sends within the
   grace period and hand unsent rows back; then exit 0.
 * INT, QUIT: fast -- workers exit at once; their leases are released here.
-* HUP: reload the config file and replace every worker.
+* HUP: reload the config file and replace every worker.  A file that fails to load is
+  refused; workers always boot from the supervisor's copy of the config it runs.
 * TTIN / TTOU: one worker more / fewer.
 
 Workers are started with fork+exec (``python -m dispatcher.runtime.worker_main``)
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dispatcher import store
-from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, load_config
+from dispatcher.config import WORKER_DSN_ENV, Config, ConfigError, config_from_text, read_config_text
 from dispatcher.rules.backoff import Backoff
 from dispatcher.runtime.deadline import blocking_bound, install_bounded_waits
 from dispatcher.runtime.embedded import resolve_dsn
@@ -91,7 +92,15 @@ class Supervisor:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
+        # Workers boot from a copy of the config the supervisor runs, never from the file
+        # itself: a file broken (or edited without a HUP) after start must not reach a worker
+        # spawned later by TTIN or after a crash, as gunicorn's arbiter keeps its config.
+        text = read_config_text(config.source)
+        if config_from_text(text, source=config.source) != config:
+            raise ConfigError(f"config file {config.source} changed while the dispatcher started; start it again")
         self._dir = Path(tempfile.mkdtemp(prefix="dispatcher-heartbeats-"))
+        self._running_config = self._dir / "config.yaml"
+        self._keep_running_config(text)
         self._spawned = 0
         self._crashes = 0
         self._next_spawn_at = 0.0
@@ -173,14 +182,22 @@ class Supervisor:
 
     def _reload(self) -> None:
         try:
-            config = load_config(self.config.source)
+            text = read_config_text(self.config.source)
+            config = config_from_text(text, source=self.config.source)
         except ConfigError as exc:
             log.error("HUP: config not reloaded, keeping the running one: %s", exc)
             return
+        self._keep_running_config(text)
         log.info("HUP: config reloaded from %s; replacing workers", config.source)
         self.config = config
         self.target = config.workers.processes
         self._retire(self._active())
+
+    def _keep_running_config(self, text: str) -> None:
+        """Write the running config's ``text`` as the copy workers boot from."""
+        staged = self._running_config.with_suffix(".new")
+        staged.write_text(text, encoding="utf-8")  # in the supervisor's own 0700 directory
+        os.replace(staged, self._running_config)
 
     def _active(self) -> list[WorkerProcess]:
         return [w for w in self.workers if not w.retiring]
@@ -203,8 +220,8 @@ class Supervisor:
         heartbeat = self._dir / f"w{self._spawned}"
         heartbeat.write_bytes(b"")
         env = dict(os.environ, **{WORKER_DSN_ENV: self.dsn})
-        command = [sys.executable, "-m", "dispatcher.runtime.worker_main", "--config", self.config.source,
-                   "--owner", owner, "--heartbeat", str(heartbeat)]
+        command = [sys.executable, "-m", "dispatcher.runtime.worker_main", "--config", str(self._running_config),
+                   "--source", self.config.source, "--owner", owner, "--heartbeat", str(heartbeat)]
         process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
         log.info("spawned worker %s (pid %d)", owner, process.pid)

@@ -18,7 +18,7 @@ import sys  # noqa: E402
 
 import gevent  # noqa: E402
 
-from dispatcher.config import WORKER_DSN_ENV, ConfigError, load_config  # noqa: E402
+from dispatcher.config import WORKER_DSN_ENV, ConfigError, config_from_text, read_config_text  # noqa: E402
 from dispatcher.runtime.exitcodes import ExitCode  # noqa: E402
 from dispatcher.runtime.logsetup import configure_logging  # noqa: E402
 
@@ -36,12 +36,14 @@ def _raise_fd_limit() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="dispatcher-worker")
     parser.add_argument("--config", required=True)
+    # The file the supervisor read (--config is its copy of it): what logs and errors name.
+    parser.add_argument("--source")
     parser.add_argument("--owner", required=True)
     parser.add_argument("--heartbeat")
     args = parser.parse_args()
     _raise_fd_limit()
     try:
-        config = load_config(args.config)
+        config = config_from_text(read_config_text(args.config), source=args.source or args.config)
         configure_logging(config.logging, process_name=args.owner)
         from dispatcher.engine.worker import Worker
 
