@@ -490,6 +490,50 @@ def test_the_101st_replay_in_an_hour_gets_429_across_api_processes(world, make_c
                                headers=bearer(token)).status_code == 202
 
 
+# Express's 404 page echoes the request's path and query (finalhandler, HTML-escaped).
+_SECRET_URL = "https://hooks.example.test/services/T0AB12CD/B0EF34GH/ripple9000?channel=ops-alerts&sig=Qz81kx"
+_SECRET_PARTS = ("/services", "T0AB12CD", "B0EF34GH", "ripple9000", "ops-alerts", "Qz81kx")
+_EXPRESS_404 = ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error</title>\n'
+                '</head>\n<body>\n<pre>Cannot POST /services/T0AB12CD/B0EF34GH/ripple9000?channel=ops-alerts'
+                '&amp;sig=Qz81kx</pre>\n</body>\n</html>\n')
+
+
+def test_a_read_token_never_sees_the_endpoint_url_through_an_excerpt_or_error(world, make_client) -> None:
+    """Issue 23 item 5: the URL a read token sees masked must not come back in clear in what the receiver
+    echoed (the excerpt, cut at 256 bytes mid-path too) or in an error text; a write token sees it all."""
+    client = make_client()
+    ws = world.workspace("acme")
+    ep = world.endpoint(ws, url=_SECRET_URL)
+    echoed = "HTTP 404: Cannot POST /services/T0AB12CD/B0EF34GH/ripple9000?channel=ops-alerts&sig=Qz81kx"
+    delivery = world.delivery(ws, ep, world.event(ws, "evt_1"), status="pending", attempt=3, last_error=echoed)
+    world.attempt(delivery, ep, 1, "http_4xx", 404, error=echoed, excerpt=_EXPRESS_404)
+    # The stored excerpt is cut at 256 bytes: here in the middle of the path.
+    world.attempt(delivery, ep, 2, "http_4xx", 404, error="HTTP 404",
+                  excerpt="x" * 214 + "Cannot POST /services/T0AB12CD/B0EF34")
+    world.attempt(delivery, ep, 3, "http_4xx", 404, error="HTTP 404",
+                  excerpt="Cannot POST %2Fservices%2FT0AB12CD%2FB0EF34GH%2Fripple9000")
+    world.sql("INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, last_error)"
+              " VALUES (%s, 'closed', 3, %s)", (ep, echoed))
+    read_token, write_token = world.token(ws, auth.READ), world.token(ws)
+    paths = (f"/v2/webhooks/deliveries/{delivery}", "/v2/webhooks/deliveries", "/v2/events/evt_1/deliveries",
+             f"/v2/webhooks/endpoints/{ep}", "/v2/webhooks/endpoints")
+    for path in paths:
+        shown = client.simulate_get(path, headers=bearer(read_token))
+        assert shown.status_code == 200, shown.text
+        for part in _SECRET_PARTS:
+            assert part not in shown.text, (path, part, shown.text)
+    detail = client.simulate_get(paths[0], headers=bearer(read_token)).json
+    first = detail["attempts"][0]
+    assert "Cannot POST ***" in first["response_excerpt"] and first["error"] == "HTTP 404: Cannot POST ***"
+    assert detail["attempts"][1]["response_excerpt"].endswith("Cannot POST ***")
+    assert detail["last_error"] == "HTTP 404: Cannot POST ***"
+    whole = client.simulate_get(paths[0], headers=bearer(write_token)).json
+    assert whole["attempts"][0]["error"] == whole["last_error"] == echoed
+    assert whole["attempts"][0]["response_excerpt"] == _EXPRESS_404
+    endpoint = client.simulate_get(paths[3], headers=bearer(write_token)).json
+    assert endpoint["last_error"] == echoed
+
+
 class _Capture(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
