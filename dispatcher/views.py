@@ -65,6 +65,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
     return {
         "id": row["id"], "url": row["url"] if whole_url else mask_url(row["url"]), "url_masked": not whole_url,
         "active": row["active"], "description": row["description"], "owner_contact": row["owner_contact"],
+        "owner_contact_confirmed": row["owner_contact_confirmed"],
         "event_types": list(row["event_types"] or []), "created_at": timestamp(row["created_at"]),
         "max_per_second": row["max_per_second"],
         "signing": {"secret": "endpoint" if row["own_secret"] else "workspace",
@@ -89,10 +90,12 @@ def token_json(row: dict[str, Any]) -> dict[str, Any]:
             "last_used_at": timestamp(row["last_used_at"]), "revoked_at": timestamp(row["revoked_at"])}
 
 
-def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool) -> dict[str, Any]:
-    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs."""
+def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool, confirmed: bool) -> dict[str, Any]:
+    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs.
+    ``confirmed``: the owner answered the mailed link, so notices go to it."""
     shown = notify_url if whole_url or notify_url is None else mask_url(notify_url)
-    return {"owner_contact": owner, "notify_webhook_url": shown, "url_masked": not whole_url}
+    return {"owner_contact": owner, "owner_contact_confirmed": confirmed, "notify_webhook_url": shown,
+            "url_masked": not whole_url}
 
 
 def audit_json(row: dict[str, Any]) -> dict[str, Any]:

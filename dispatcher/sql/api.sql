@@ -187,6 +187,9 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- to list or change.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
        e.owner_contact, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
+       EXISTS (SELECT 1 FROM contact_confirmations k
+                WHERE k.workspace_id = e.workspace_id AND k.address = e.owner_contact
+                  AND k.confirmed_at IS NOT NULL) AS owner_contact_confirmed,
        CASE WHEN e.previous_secret IS NOT NULL
             THEN e.secret_rotated_at + make_interval(secs => %(grace)s::float8) END AS previous_valid_until,
        coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,

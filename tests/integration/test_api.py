@@ -8,6 +8,7 @@ server process (dispatcher.runtime.api_main under gevent, started through the CL
 from __future__ import annotations
 
 import base64
+import html
 import itertools
 import json
 import os
@@ -532,6 +533,54 @@ def test_a_read_token_never_sees_the_endpoint_url_through_an_excerpt_or_error(wo
     assert whole["attempts"][0]["response_excerpt"] == _EXPRESS_404
     endpoint = client.simulate_get(paths[3], headers=bearer(write_token)).json
     assert endpoint["last_error"] == echoed
+
+
+class _Express404(BaseHTTPRequestHandler):
+    """Answers as Express's final handler does: 404 with the request's path and query in the page."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+        self.rfile.read(int(self.headers["Content-Length"]))
+        page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error</title>\n'
+                f'</head>\n<body>\n<pre>Cannot POST {html.escape(self.path)}</pre>\n</body>\n</html>\n').encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_real_receiver_echoing_the_path_shows_a_read_token_no_part_of_it(db, world, make_client, write_config,
+                                                                          tmp_path: Path) -> None:
+    from dispatcher_devtools.kit import Dispatcher, produce, seed_workspace, wait_until
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Express404)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}" + _SECRET_URL.partition(".test")[2]
+        seed_workspace(db.dsn, "ws", [url])
+        config = write_config(db)
+        produce(config, db.dsn, "ws", 1)
+        with Dispatcher(config, tmp_path / "dispatcher.log"):
+            wait_until(lambda: world.sql("SELECT count(*) FROM webhook_delivery_attempts")[0][0] >= 1,
+                       message="the receiver's 404 to be recorded")
+        (delivery,) = [r[0] for r in world.sql("SELECT id FROM webhook_deliveries")]
+        stored = world.sql("SELECT response_excerpt FROM webhook_delivery_attempts")[0][0]
+        assert "Cannot POST /services/T0AB12CD" in stored, "the receiver echoed the path into the excerpt"
+        client = make_client()
+        read = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token("ws", auth.READ)))
+        assert read.status_code == 200 and "Cannot POST ***" in read.json["attempts"][0]["response_excerpt"]
+        for part in _SECRET_PARTS:
+            assert part not in read.text, (part, read.text)
+        whole = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token("ws")))
+        assert whole.json["attempts"][0]["response_excerpt"] == stored
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 class _Capture(BaseHTTPRequestHandler):

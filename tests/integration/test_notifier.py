@@ -296,6 +296,7 @@ def _link(mail: Any) -> str:
 def test_a_contact_confirms_by_the_mailed_link_and_only_then_hears(db) -> None:
     import falcon.testing
 
+    from dispatcher.api import auth
     from dispatcher.api.app import create_app
 
     (endpoint,) = seed_workspace(db.dsn, "ws", ["https://hooks.example.com/a"])
@@ -315,8 +316,13 @@ def test_a_contact_confirms_by_the_mailed_link_and_only_then_hears(db) -> None:
         assert token and db.query("SELECT count(*) FROM contact_confirmations WHERE token_hash = %s",
                                   (token,)) == [(0,)], "only the token's hash is stored"
         app = create_app(config, db.dsn)
+        conn = db.connect()
+        conn.autocommit = True
         try:
             client = falcon.testing.TestClient(app)
+            shown = f"/v2/webhooks/endpoints/{endpoint}"
+            auth_header = {"Authorization": f"Bearer {auth.create_token(conn, 'ws', [auth.READ])}"}
+            assert client.simulate_get(shown, headers=auth_header).json["owner_contact_confirmed"] is False
             page = client.simulate_get("/v2/contacts/confirm", params={"token": token})
             assert page.status_code == 200 and "<form method=\"post\">" in page.text
             assert "owner@example.com" in page.text
@@ -329,8 +335,10 @@ def test_a_contact_confirms_by_the_mailed_link_and_only_then_hears(db) -> None:
             done = client.simulate_post("/v2/contacts/confirm", params={"token": token})
             assert done.status_code == 200 and "Confirmed" in done.text
             assert db.query(unconfirmed) == [(0,)]
+            assert client.simulate_get(shown, headers=auth_header).json["owner_contact_confirmed"] is True
         finally:
             app.pool.close()
+            conn.close()
         _close(db.dsn, endpoint)
         _open(db.dsn, endpoint)
         notices.run_once()
