@@ -13,6 +13,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,20 @@ def _email(value: Any) -> str:
         return check_email(_text(value))
     except InvalidContact as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _confirm_url(value: Any) -> str:
+    """Empty, or an http(s) URL with a host and no query or fragment (the link appends ``?token=``)."""
+    if value is None or value == "":
+        return ""
+    try:
+        parts = urllib.parse.urlsplit(_text(value))
+    except ValueError:
+        raise ConfigError(f"{value!r} is not a URL") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ConfigError(f"{value!r} is not an http(s) URL without a query, "
+                          "e.g. https://api.example.com/v2/contacts/confirm")
+    return str(value)
 
 
 def _optional_dsn(value: Any) -> str:
@@ -369,6 +384,15 @@ class NotifierConfig:
     smtp_attempts: int = setting(5, _positive_int, "tries of one mail in all; after the last failure it is "
                                                    "dropped (logged as an error)")
     retry_base: float = setting(60.0, parse_duration, "wait before a failed mail is tried again; doubles each time")
+    # Owner contacts are customers' words: each is confirmed by a mailed link before it gets a notice
+    # (issue 23 item 6), and no address gets more than mails_per_recipient_hour mails an hour.
+    confirm_url: str = setting("", _confirm_url,
+                               "the API's contact confirmation route as owners reach it (e.g. https://api.example"
+                               ".com/v2/contacts/confirm), put in the mailed link with ?token=; empty: no "
+                               "confirmation mail is sent, so every owner's notices go to smtp_to", shown='""')
+    mails_per_recipient_hour: int = setting(10, _positive_int,
+                                            "mails (notices and confirmation requests) one address gets in an "
+                                            "hour at most; more wait, none is dropped")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Owner contacts (docs/decisions.md, Q3): the one check of an email address.
+"""Owner contacts (docs/decisions.md, Q3): the one check of an email address,
+and the hash of the token in a contact's confirmation link.
 
 No email library is a dependency, and a notification address needs less than
 RFC 5322 allows, so this is a small strict check of our own: ASCII only, a
@@ -10,6 +11,7 @@ inject a header into the notification mail it ends up in.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 MAX_LENGTH = 254  # RFC 5321's path limit minus the angle brackets
@@ -37,3 +39,9 @@ def check_email(text: str) -> str:
     if len(labels) < 2 or not all(_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
         raise InvalidContact(f"{text!r} is not an email address: bad domain (e.g. example.com)")
     return text
+
+
+def token_hash(token: str) -> str:
+    """What is stored of a confirmation link's token (migration 0019): its SHA-256, in hex.  The
+    notifier stores it when it mails the link; the API's confirm route looks the link up by it."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()

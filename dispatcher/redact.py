@@ -32,6 +32,7 @@ make the result write fail.
 from __future__ import annotations
 
 import functools
+import html
 import re
 import urllib.parse
 from collections.abc import Iterable
@@ -218,3 +219,53 @@ def mask_url(url: str) -> str:
     query = "?" + MASKED_PART if parts.query else ""
     fragment = "#" + MASKED_PART if parts.fragment else ""
     return f"{parts.scheme}://{netloc}{path}{query}{fragment}"
+
+
+def mask_url_parts(text: str, url: str | None) -> str:
+    """``text`` with the parts of ``url`` that :func:`mask_url` masks (its path and query, their
+    segments and values, the userinfo) replaced by ``***``, as a read-only token sees a receiver's
+    answer: a receiver that echoes the request (Express's 404: ``Cannot POST /path?query``) would
+    otherwise show it the masked URL in clear.
+
+    Each part is matched as sent, percent-decoded, percent-encoded and HTML-escaped; a part shorter
+    than ``MIN_SECRET`` characters is left (it would mask common text).  A part cut off at the end
+    of ``text`` (an excerpt is cut at 256 bytes) is masked from where it starts.  ``url`` None (the
+    endpoint was deleted): nothing is known to mask, so the caller decides what to withhold.
+    """
+    if not text or not url:
+        return text
+    forms = _url_part_forms(url)
+    text = _mask_cut_tail(text, forms)
+    for form in forms:
+        text = text.replace(form, MASKED_PART)
+    return text
+
+
+def _mask_cut_tail(text: str, forms: tuple[str, ...]) -> str:
+    """``text`` with a trailing start of one of ``forms`` (the longest one found) masked."""
+    for form in forms:
+        for cut in range(len(form) - 1, MIN_SECRET - 1, -1):
+            if text.endswith(form[:cut]):
+                return text[: len(text) - cut] + MASKED_PART
+    return text
+
+
+@functools.lru_cache(maxsize=1024)
+def _url_part_forms(url: str) -> tuple[str, ...]:
+    """Every spelling of ``url``'s masked parts a receiver may echo, longest first."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        userinfo = (parts.username, parts.password)
+    except ValueError:
+        return ()
+    path, query = parts.path, parts.query
+    pieces: set[str] = {path, query, f"{path}?{query}" if query else path, *(u for u in userinfo if u)}
+    pieces.update(segment for segment in path.split("/") if segment)
+    for pair in query.split("&"):
+        pieces.update((pair, pair.partition("=")[2]))
+    forms: set[str] = set()
+    for piece in pieces:
+        for plain in {piece, urllib.parse.unquote_plus(piece), normalise(piece)}:
+            forms.update((plain, html.escape(plain), urllib.parse.quote(plain, safe=""),
+                          urllib.parse.quote(plain, safe="/")))
+    return tuple(sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True))

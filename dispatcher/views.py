@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher.redact import mask_url
+from dispatcher.redact import MASKED_PART, mask_url, mask_url_parts
 from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.store import deliveries as delivery_store
 from dispatcher.store.endpoints import StatsWindow
@@ -23,16 +23,34 @@ def timestamp(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def delivery_json(row: dict[str, Any]) -> dict[str, Any]:
-    """The public shape of a delivery; claim internals (locks, tokens) are never read."""
+def delivery_json(row: dict[str, Any], whole_url: bool) -> dict[str, Any]:
+    """The public shape of a delivery; claim internals (locks, tokens) are never read.
+
+    ``whole_url`` False (a read-only token): the receiver's texts (errors, response excerpts) are
+    shown with the endpoint URL's masked parts masked in them too (:func:`receiver_text`)."""
     out = {key: row[key] for key in delivery_store.DELIVERY_COLUMNS}
     for key in ("created_at", "next_attempt_at", "delivered_at", "finished_at"):
         out[key] = timestamp(out[key])
+    url = row.get("endpoint_url")
+    if not whole_url:
+        out["last_error"] = receiver_text(out["last_error"], url)
     if "attempts" in row:
         out["attempts"] = [
-            {**a, "started_at": timestamp(a["started_at"])} for a in row["attempts"]
+            {**a, "started_at": timestamp(a["started_at"])} if whole_url else
+            {**a, "started_at": timestamp(a["started_at"]), "error": receiver_text(a["error"], url),
+             "response_excerpt": receiver_text(a["response_excerpt"], url)}
+            for a in row["attempts"]
         ]
     return out
+
+
+def receiver_text(text: str | None, url: str | None) -> str | None:
+    """A stored error or excerpt as a read-only token sees it: a receiver that echoes the request (Express's
+    404) must not show it the URL it sees masked.  The endpoint deleted (``url`` None): what to mask is not
+    known any more, so the whole text is withheld."""
+    if not text:
+        return text
+    return MASKED_PART if url is None else mask_url_parts(text, url)
 
 
 def breaker_state(row: dict[str, Any], policy: BreakerPolicy) -> str:
@@ -47,6 +65,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
     return {
         "id": row["id"], "url": row["url"] if whole_url else mask_url(row["url"]), "url_masked": not whole_url,
         "active": row["active"], "description": row["description"], "owner_contact": row["owner_contact"],
+        "owner_contact_confirmed": row["owner_contact_confirmed"],
         "event_types": list(row["event_types"] or []), "created_at": timestamp(row["created_at"]),
         "max_per_second": row["max_per_second"],
         "signing": {"secret": "endpoint" if row["own_secret"] else "workspace",
@@ -60,7 +79,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
                              "rate": round(delivered / attempts, 4) if attempts else None},
         "last_success_at": timestamp(row["last_success_at"]),
         "last_failure_at": timestamp(row["last_failure_at"]),
-        "last_error": row["last_error"],
+        "last_error": row["last_error"] if whole_url else receiver_text(row["last_error"], row["url"]),
     }
 
 
@@ -71,10 +90,12 @@ def token_json(row: dict[str, Any]) -> dict[str, Any]:
             "last_used_at": timestamp(row["last_used_at"]), "revoked_at": timestamp(row["revoked_at"])}
 
 
-def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool) -> dict[str, Any]:
-    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs."""
+def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool, confirmed: bool) -> dict[str, Any]:
+    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs.
+    ``confirmed``: the owner answered the mailed link, so notices go to it."""
     shown = notify_url if whole_url or notify_url is None else mask_url(notify_url)
-    return {"owner_contact": owner, "notify_webhook_url": shown, "url_masked": not whole_url}
+    return {"owner_contact": owner, "owner_contact_confirmed": confirmed, "notify_webhook_url": shown,
+            "url_masked": not whole_url}
 
 
 def audit_json(row: dict[str, Any]) -> dict[str, Any]:

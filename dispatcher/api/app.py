@@ -25,6 +25,7 @@ from dispatcher.api import auth, problems
 from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.resources.audit import AuditLog
 from dispatcher.api.resources.base import ApiContext, Resource
+from dispatcher.api.resources.contacts import ContactConfirm
 from dispatcher.api.resources.deliveries import Deliveries, Delivery, EventDeliveries, Recover, Replay
 from dispatcher.api.resources.documents import Console, OpenApi
 from dispatcher.api.resources.endpoints import BreakerClose, Endpoint, Endpoints, SecretRotate
@@ -54,6 +55,7 @@ ROUTES: tuple[tuple[str, type[Resource]], ...] = (
     ("/v2/webhooks/tokens", Tokens),
     ("/v2/webhooks/workspace", WorkspaceSettings),
     ("/v2/webhooks/audit", AuditLog),
+    ("/v2/contacts/confirm", ContactConfirm),
 )
 
 

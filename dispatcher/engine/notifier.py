@@ -2,7 +2,16 @@
 closes again (docs/decisions.md, Q3; docs/operations.md, "Breaker notices").
 
 * **Who.** The endpoint's ``owner_contact``, else its workspace's, else the
-  operator address ``notifier.smtp_to`` (:func:`recipient`).
+  operator address ``notifier.smtp_to`` (:func:`recipient`); an owner contact
+  only once it is confirmed (issue 23 item 6).
+* **Confirmed.** Customers name owner contacts, so an address is asked first:
+  each contact in use gets one mail with a link (``notifier.confirm_url``
+  ``?token=``; only the token's SHA-256 is stored), and the API's confirm route
+  marks it confirmed (:class:`ContactConfirmations`).  Until then its notices
+  go to the workspace's confirmed owner, else the operator.
+* **How many.** No address gets more than ``notifier.mails_per_recipient_hour``
+  mails an hour, notices and confirmation requests alike; more wait, none is
+  dropped (:class:`dispatcher.rules.mail_rate.MailRate`).
 * **Once.** A notice is a row of ``breaker_notices`` keyed by (endpoint, open
   episode, kind): ``opened`` and ``recovered`` are each written once per
   episode by whichever process finds them first (INSERT ... ON CONFLICT DO
@@ -29,8 +38,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 import smtplib
 import ssl
+from collections.abc import Container
 from dataclasses import dataclass
 from email.message import EmailMessage
 from typing import Protocol
@@ -38,11 +49,12 @@ from typing import Protocol
 import gevent
 
 from dispatcher.config import Config, NotifierConfig
-from dispatcher.contacts import InvalidContact, check_email
+from dispatcher.contacts import InvalidContact, check_email, token_hash
 from dispatcher.outbound.netguard import OutboundError, OutboundPolicy, parse_target
 from dispatcher.redact import scrub
 from dispatcher.rules.backoff import Backoff
-from dispatcher.store.notices import ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
+from dispatcher.rules.mail_rate import MailRate
+from dispatcher.store.notices import ClaimedConfirmation, ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
 
 log = logging.getLogger("dispatcher.notifier")
 
@@ -58,19 +70,34 @@ class NoticeNotSent(Exception):
     """A mail that did not go out; the message is safe to log (no secrets)."""
 
 
-def recipient(endpoint_owner: str | None, workspace_owner: str | None, operator: str) -> tuple[str, str]:
+def recipient(endpoint_owner: str | None, workspace_owner: str | None, operator: str,
+              confirmed: Container[str] = frozenset()) -> tuple[str, str]:
     """(address, whose): the endpoint's owner, else the workspace's, else the operator.
 
-    A contact that is not a plain address (written around the CLI's check, by
-    raw SQL) is passed over like a missing one: it could not be mailed, and
-    must never reach a mail header."""
+    An owner contact not in ``confirmed`` (its address has not answered the
+    mailed link) is passed over: a customer could have named anybody.  So is a
+    contact that is not a plain address (written around the CLI's check, by raw
+    SQL): it could not be mailed, and must never reach a mail header."""
     for contact, whose in ((endpoint_owner, "endpoint"), (workspace_owner, "workspace")):
-        if contact:
-            try:
-                return check_email(contact), whose
-            except InvalidContact:
-                log.warning("the %s owner contact %r is not an email address; passed over", whose, contact)
+        if not contact:
+            continue
+        try:
+            address = check_email(contact)
+        except InvalidContact:
+            log.warning("the %s owner contact %r is not an email address; passed over", whose, contact)
+            continue
+        if address in confirmed:
+            return address, whose
     return operator, "operator"
+
+
+def confirmation_mail(workspace_id: str, link: str) -> tuple[str, str]:
+    """(subject, body) of the mail that asks an owner contact to confirm it wants notices."""
+    return (f"Confirm webhook notices for workspace {workspace_id}",
+            f"Workspace {workspace_id} named this address to hear when one of its webhook endpoints fails "
+            f"and recovers.\n\nTo get these notices, open this link and confirm:\n\n{link}\n\n"
+            f"If you did not expect this mail, ignore it: nothing more is sent to this address until it is "
+            f"confirmed.\n")
 
 
 def same_target(first: str, second: str) -> bool:
@@ -196,28 +223,43 @@ def make_notifier(config: Config) -> Notifier:
 
 
 class OwnerNotices:
-    """One round: write new notices (and their operational webhooks), then send the due mails."""
+    """One round: write new notices (and their operational webhooks), ask new owner contacts to
+    confirm, then send the due mails."""
 
     def __init__(self, config: Config, store: NoticeStore, notifier: Notifier | None = None) -> None:
         self._config = config.notifier
         self._store = store
         self._notifier = notifier or make_notifier(config)
         self._retry = MailRetry(config.notifier.smtp_attempts, Backoff(base=config.notifier.retry_base))
+        self._rate = MailRate(config.notifier.mails_per_recipient_hour)
         self._retention = config.retention.dead
         # A claimed mail is due again after this: long enough for a whole round of sends.
         self._lease = config.notifier.smtp_timeout * (MAILS_PER_ROUND + 1) + 60.0
+        self._confirmations = ContactConfirmations(self._config, store, self._notifier, self._retry, self._rate,
+                                                   self._lease)
 
     def run_once(self, prune: bool = False) -> None:
         for notice in self._store.discover(operational_webhook):
             log.info("breaker notice %s endpoint_id=%d episode=%d written event=breaker_notice",
                      notice.kind, notice.endpoint_id, notice.episode)
+        self._confirmations.run_once()
         for claimed in self._store.claim(MAILS_PER_ROUND, self._lease):
             self._send(claimed)
         if prune:
             self._store.prune(self._retention)
 
     def _send(self, notice: ClaimedNotice) -> None:
-        to, whose = recipient(notice.endpoint_owner, notice.workspace_owner, self._config.smtp_to)
+        confirmed = {contact for contact, ok in ((notice.endpoint_owner, notice.endpoint_owner_confirmed),
+                                                 (notice.workspace_owner, notice.workspace_owner_confirmed))
+                     if ok and contact}
+        to, whose = recipient(notice.endpoint_owner, notice.workspace_owner, self._config.smtp_to, confirmed)
+        wait = self._rate.wait(self._store.recent_mails(to))
+        if wait is not None:
+            log.warning("breaker notice %s for endpoint %d to %s held for %.0fs: %d mails an hour at most "
+                        "(notifier.mails_per_recipient_hour)", notice.kind, notice.endpoint_id, to, wait,
+                        self._rate.per_hour)
+            self._store.defer(notice, wait)
+            return
         subject, text = mail_text(notice)
         try:
             self._notifier.deliver(to, subject, text)
@@ -234,3 +276,50 @@ class OwnerNotices:
         log.info("breaker notice %s for endpoint %d sent to the %s owner %s", notice.kind, notice.endpoint_id,
                  whose, to)
         self._store.finish(notice, to, sent=True)
+
+
+class ContactConfirmations:
+    """Mails each owner contact in use one link to confirm it (issue 23 item 6).
+
+    Only with ``kind: smtp`` and a ``confirm_url``: without them no contact can
+    answer, so none is asked and every notice goes to the operator."""
+
+    def __init__(self, config: NotifierConfig, store: NoticeStore, notifier: Notifier, retry: MailRetry,
+                 rate: MailRate, lease: float) -> None:
+        self._config, self._store, self._notifier = config, store, notifier
+        self._retry, self._rate, self._lease = retry, rate, lease
+
+    def run_once(self) -> None:
+        if self._config.kind != "smtp" or not self._config.confirm_url:
+            return
+        self._store.discover_contacts()
+        for claimed in self._store.claim_confirmations(MAILS_PER_ROUND, self._lease):
+            self._ask(claimed)
+
+    def _ask(self, claimed: ClaimedConfirmation) -> None:
+        try:
+            to = check_email(claimed.address)
+        except InvalidContact:
+            log.warning("owner contact %r of workspace %s is not an email address; not asked", claimed.address,
+                        claimed.workspace_id)
+            self._store.finish_confirmation(claimed, error="not an email address")
+            return
+        wait = self._rate.wait(self._store.recent_mails(to))
+        if wait is not None:
+            log.warning("confirmation request to %s held for %.0fs: %d mails an hour at most "
+                        "(notifier.mails_per_recipient_hour)", to, wait, self._rate.per_hour)
+            self._store.defer_confirmation(claimed, wait)
+            return
+        token = secrets.token_urlsafe(32)
+        subject, text = confirmation_mail(claimed.workspace_id, f"{self._config.confirm_url}?token={token}")
+        try:
+            self._notifier.deliver(to, subject, text)
+        except NoticeNotSent as exc:
+            retry_in = self._retry.delay_after(claimed.attempts)
+            log.warning("confirmation request to %s of workspace %s not sent (attempt %d, next in %s): %s", to,
+                        claimed.workspace_id, claimed.attempts, "never" if retry_in is None else f"{retry_in:.0f}s",
+                        exc)
+            self._store.finish_confirmation(claimed, error=str(exc), retry_in=retry_in)
+            return
+        log.info("confirmation request sent to owner contact %s of workspace %s", to, claimed.workspace_id)
+        self._store.finish_confirmation(claimed, token_hash=token_hash(token))

@@ -58,11 +58,14 @@ SELECT revoked_at FROM api_tokens WHERE id = %(id)s;
 -- name: api_list_deliveries
 -- Keyset pagination on id, newest first: a page is "ids below the cursor",
 -- so rows inserted meanwhile (higher ids) never shift later pages.
+-- endpoint_url is not shown: it tells views.delivery_json what to mask in
+-- the row's texts for a read-only token (NULL: the endpoint was deleted).
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error
+       d.last_status_code, d.last_error, ep.url AS endpoint_url
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id
  WHERE d.workspace_id = %(workspace_id)s
    AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s::bigint)
    AND (%(event_id)s::text IS NULL OR d.event_id = %(event_id)s::text)
@@ -76,9 +79,10 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
 -- name: api_get_delivery
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error
+       d.last_status_code, d.last_error, ep.url AS endpoint_url
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id
  WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
 
 -- name: api_delivery_attempts
@@ -124,9 +128,10 @@ WITH ins AS (
 )
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error
+       d.last_status_code, d.last_error, ep.url AS endpoint_url
   FROM ins d
-  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id;
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id;
 
 -- name: api_replay_lock
 -- Serialises one workspace's budget checks across every API process; a hash
@@ -182,6 +187,9 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- to list or change.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
        e.owner_contact, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
+       EXISTS (SELECT 1 FROM contact_confirmations k
+                WHERE k.workspace_id = e.workspace_id AND k.address = e.owner_contact
+                  AND k.confirmed_at IS NOT NULL) AS owner_contact_confirmed,
        CASE WHEN e.previous_secret IS NOT NULL
             THEN e.secret_rotated_at + make_interval(secs => %(grace)s::float8) END AS previous_valid_until,
        coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,

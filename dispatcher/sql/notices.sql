@@ -1,5 +1,6 @@
--- Breaker notices to endpoint owners (docs/decisions.md, Q3), executed
--- only by dispatcher/store/notices.py.  The rule of who hears what lives in
+-- Breaker notices to endpoint owners (docs/decisions.md, Q3) and the
+-- confirmation of their addresses (0019), executed only by
+-- dispatcher/store/notices.py.  The rule of who hears what lives in
 -- dispatcher/engine/notifier.py; these queries keep one notice per endpoint, open
 -- episode and kind, whichever process finds it first.
 
@@ -78,6 +79,13 @@ WITH due AS (
 )
 SELECT c.endpoint_id, c.episode, c.kind, c.workspace_id, c.attempts, e.url,
        e.owner_contact AS endpoint_owner, ws.owner_contact AS workspace_owner,
+       -- Only a confirmed contact gets notices (0019); the rule is notifier.recipient.
+       EXISTS (SELECT 1 FROM contact_confirmations k
+                WHERE k.workspace_id = c.workspace_id AND k.address = e.owner_contact
+                  AND k.confirmed_at IS NOT NULL) AS endpoint_owner_confirmed,
+       EXISTS (SELECT 1 FROM contact_confirmations k
+                WHERE k.workspace_id = c.workspace_id AND k.address = ws.owner_contact
+                  AND k.confirmed_at IS NOT NULL) AS workspace_owner_confirmed,
        coalesce(s.consecutive_failures, 0) AS consecutive_failures, s.last_error
   FROM claimed c
   LEFT JOIN webhook_endpoints e ON e.id = c.endpoint_id
@@ -105,3 +113,77 @@ DELETE FROM breaker_notices n
    AND EXISTS (SELECT 1 FROM breaker_notices r
                 WHERE r.endpoint_id = n.endpoint_id AND r.episode = n.episode AND r.kind = 'recovered'
                   AND r.created_at < now() - make_interval(secs => %(older_than)s));
+
+-- name: notices_defer
+-- A claimed mail its recipient may not get yet (notifier.mails_per_recipient_hour):
+-- due again in wait seconds, and the claim's attempt given back.
+UPDATE breaker_notices
+   SET attempts = greatest(attempts - 1, 0), next_attempt_at = now() + make_interval(secs => %(wait)s::float8)
+ WHERE endpoint_id = %(endpoint_id)s AND episode = %(episode)s AND kind = %(kind)s;
+
+-- name: notices_recent_mails
+-- How long ago (seconds) each mail of the last hour to this address was
+-- sent, notices and confirmation requests alike (indexes of 0019).
+SELECT extract(epoch FROM now() - sent_at)::float8 AS age
+  FROM breaker_notices
+ WHERE lower(recipient) = lower(%(address)s) AND sent_at IS NOT NULL AND sent_at > now() - interval '1 hour'
+UNION ALL
+SELECT extract(epoch FROM now() - sent_at)::float8
+  FROM contact_confirmations
+ WHERE lower(address) = lower(%(address)s) AND sent_at IS NOT NULL AND sent_at > now() - interval '1 hour';
+
+-- name: contacts_discover
+-- Owner contacts in use get a confirmation row (0019), whoever set them (the
+-- API, the CLI, raw SQL); rows of contacts no longer in use go, so a contact
+-- named again is asked again.  Both see the statement's snapshot.
+WITH used AS (
+    SELECT workspace_id, owner_contact AS address FROM webhook_endpoints WHERE owner_contact IS NOT NULL
+    UNION
+    SELECT id, owner_contact FROM workspaces WHERE owner_contact IS NOT NULL
+), gone AS (
+    DELETE FROM contact_confirmations k
+     WHERE NOT EXISTS (SELECT 1 FROM used u WHERE u.workspace_id = k.workspace_id AND u.address = k.address)
+)
+INSERT INTO contact_confirmations (workspace_id, address)
+SELECT workspace_id, address FROM used
+ON CONFLICT DO NOTHING;
+
+-- name: contacts_claim
+-- Due confirmation requests, each taken by one sender, as notices_claim does.
+WITH due AS (
+    SELECT workspace_id, address FROM contact_confirmations
+     WHERE sent_at IS NULL AND next_attempt_at <= now()
+     ORDER BY next_attempt_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE contact_confirmations k
+   SET attempts = k.attempts + 1, next_attempt_at = now() + make_interval(secs => %(lease)s)
+  FROM due
+ WHERE k.workspace_id = due.workspace_id AND k.address = due.address
+RETURNING k.workspace_id, k.address, k.attempts;
+
+-- name: contacts_finish
+-- A confirmation request's outcome: sent (with the hash of the link's token),
+-- tried again in retry_in seconds, or given up (retry_in NULL).
+UPDATE contact_confirmations
+   SET sent_at = CASE WHEN %(sent)s THEN now() END,
+       token_hash = CASE WHEN %(sent)s THEN %(token_hash)s END,
+       last_error = %(error)s,
+       next_attempt_at = CASE WHEN NOT %(sent)s AND %(retry_in)s::float8 IS NOT NULL
+                              THEN now() + make_interval(secs => %(retry_in)s::float8) END
+ WHERE workspace_id = %(workspace_id)s AND address = %(address)s;
+
+-- name: contacts_defer
+UPDATE contact_confirmations
+   SET attempts = greatest(attempts - 1, 0), next_attempt_at = now() + make_interval(secs => %(wait)s::float8)
+ WHERE workspace_id = %(workspace_id)s AND address = %(address)s;
+
+-- name: contacts_by_token
+-- The API's confirm route: whose link this is (nothing for an unknown token).
+SELECT workspace_id, address, confirmed_at FROM contact_confirmations WHERE token_hash = %(token_hash)s;
+
+-- name: contacts_confirm
+UPDATE contact_confirmations SET confirmed_at = coalesce(confirmed_at, now())
+ WHERE token_hash = %(token_hash)s
+RETURNING workspace_id, address;

@@ -53,7 +53,13 @@ UPDATE workspaces
 RETURNING id, owner_contact, notify_webhook_url;
 
 -- name: workspace_contacts
-SELECT owner_contact, notify_webhook_url FROM workspaces WHERE id = %(id)s;
+-- owner_contact_confirmed: by the link the notifier mailed it (0019).
+SELECT w.owner_contact, w.notify_webhook_url,
+       EXISTS (SELECT 1 FROM contact_confirmations k
+                WHERE k.workspace_id = w.id AND k.address = w.owner_contact AND k.confirmed_at IS NOT NULL)
+           AS owner_contact_confirmed
+  FROM workspaces w
+ WHERE w.id = %(id)s;
 
 -- name: workspace_exists
 SELECT 1 FROM workspaces WHERE id = %(id)s;

@@ -241,6 +241,21 @@ CREATE TABLE alert_episodes (
     CONSTRAINT alert_episodes_alert_check CHECK ((alert = 'backlog'::text))
 );
 
+CREATE TABLE contact_confirmations (
+    workspace_id    text NOT NULL,
+    address         text NOT NULL,
+    created_at      timestamp with time zone DEFAULT now() NOT NULL,
+    attempts        integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now(),
+    sent_at         timestamp with time zone,
+    last_error      text,
+    token_hash      text,
+    confirmed_at    timestamp with time zone,
+    CONSTRAINT contact_confirmations_pkey PRIMARY KEY (workspace_id, address),
+    CONSTRAINT contact_confirmations_token_hash_key UNIQUE (token_hash),
+    CONSTRAINT contact_confirmations_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE
+);
+
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
@@ -288,6 +303,12 @@ CREATE INDEX backlog_samples_taken ON public.backlog_samples USING btree (taken_
 CREATE UNIQUE INDEX alert_episodes_open ON public.alert_episodes USING btree (alert) WHERE (cleared_at IS NULL);
 
 CREATE INDEX alert_episodes_fired ON public.alert_episodes USING btree (fired_at);
+
+CREATE INDEX contact_confirmations_due ON public.contact_confirmations USING btree (next_attempt_at) WHERE (sent_at IS NULL);
+
+CREATE INDEX contact_confirmations_sent ON public.contact_confirmations USING btree (lower(address), sent_at) WHERE (sent_at IS NOT NULL);
+
+CREATE INDEX breaker_notices_sent ON public.breaker_notices USING btree (lower(recipient), sent_at) WHERE (sent_at IS NOT NULL);
 
 CREATE OR REPLACE FUNCTION public.webhook_endpoints_limit()
  RETURNS trigger

@@ -197,13 +197,14 @@ def set_workspace_contacts(conn: Connection, workspace_id: str, owner_contact: s
     return rows[0][1], rows[0][2]
 
 
-def workspace_contacts(conn: Connection, workspace_id: str) -> tuple[str | None, str | None]:
-    """The workspace's owner email and operational webhook URL (None: not set)."""
+def workspace_contacts(conn: Connection, workspace_id: str) -> tuple[str | None, str | None, bool]:
+    """The workspace's owner email and operational webhook URL (None: not set), and whether
+    that owner confirmed by the mailed link (migration 0019)."""
     with transaction(conn):
         rows = run_query(conn, "workspace_contacts", {"id": workspace_id})
     if not rows:
         raise NotFound(f"workspace {workspace_id!r} does not exist")
-    return rows[0][0], rows[0][1]
+    return rows[0][0], rows[0][1], bool(rows[0][2])
 
 
 def rotate_workspace_secret(conn: Connection, workspace_id: str, secret: str) -> None:

@@ -1,8 +1,11 @@
 """The store's side of breaker notices (``sql/notices.sql``): find them once,
-write their operational webhooks into the outbox, claim and finish their mails.
+write their operational webhooks into the outbox, claim and finish their mails;
+and the confirmation of owner contacts (migration 0019): find the contacts in
+use, claim and finish their confirmation mails, count each address's mails.
 
 Runs on a :class:`ManagedConnection` of its own (``dispatcher notify``), never
-on the delivery path's connections.
+on the delivery path's connections; the API's confirm route uses
+:func:`confirmation` and :func:`confirm` on its pooled connection.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from dispatcher.redact import storable
 from dispatcher.store import QUERIES, named_rows
 from dispatcher.store.engine import ManagedConnection
+from dispatcher.store.queries import Connection, Row, query_rows, transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +45,19 @@ class ClaimedNotice:
     url: str | None              # None: the endpoint was deleted since
     endpoint_owner: str | None
     workspace_owner: str | None
+    endpoint_owner_confirmed: bool   # by the mailed link (0019); only a confirmed contact hears
+    workspace_owner_confirmed: bool
     consecutive_failures: int
     last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedConfirmation:
+    """An owner contact whose confirmation mail this process now sends (contacts_claim)."""
+
+    workspace_id: str
+    address: str
+    attempts: int                # including this one
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +109,42 @@ class NoticeStore:
                 "endpoint_id": notice.endpoint_id, "episode": notice.episode, "kind": notice.kind,
                 "sent": sent, "recipient": recipient, "error": storable(error), "retry_in": retry_in})
 
+    def defer(self, notice: ClaimedNotice, wait: float) -> None:
+        """Due again in ``wait`` seconds, the claim's attempt given back: its recipient had its mails."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["notices_defer"], {"endpoint_id": notice.endpoint_id, "episode": notice.episode,
+                                                   "kind": notice.kind, "wait": wait})
+
+    def recent_mails(self, address: str) -> list[float]:
+        """How long ago (seconds) each mail of the last hour to ``address`` was sent."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["notices_recent_mails"], {"address": address})
+            return [float(row[0]) for row in cur.fetchall()]
+
+    def discover_contacts(self) -> None:
+        """Give every owner contact in use a confirmation row; drop the rows of those no longer used."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["contacts_discover"])
+
+    def claim_confirmations(self, limit: int, lease: float) -> list[ClaimedConfirmation]:
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["contacts_claim"], {"limit": limit, "lease": lease})
+            return [ClaimedConfirmation(**row) for row in named_rows(cur)]
+
+    def finish_confirmation(self, claimed: ClaimedConfirmation, *, token_hash: str | None = None,
+                            error: str | None = None, retry_in: float | None = None) -> None:
+        """Sent (``token_hash``: the link's), or failed with ``error`` and tried again in ``retry_in``
+        seconds (None: given up)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["contacts_finish"], {
+                "workspace_id": claimed.workspace_id, "address": claimed.address, "sent": token_hash is not None,
+                "token_hash": token_hash, "error": storable(error), "retry_in": retry_in})
+
+    def defer_confirmation(self, claimed: ClaimedConfirmation, wait: float) -> None:
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["contacts_defer"], {"workspace_id": claimed.workspace_id,
+                                                    "address": claimed.address, "wait": wait})
+
     def prune(self, older_than: float) -> int:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["notices_prune"], {"older_than": older_than})
@@ -101,3 +152,17 @@ class NoticeStore:
 
     def close(self) -> None:
         self._conn.close()
+
+
+def confirmation(conn: Connection, token_hash: str) -> Row | None:
+    """Whose confirmation link has this token hash (workspace_id, address, confirmed_at); None: nobody's."""
+    with transaction(conn):
+        rows = query_rows(conn, "contacts_by_token", {"token_hash": token_hash})
+    return rows[0] if rows else None
+
+
+def confirm(conn: Connection, token_hash: str) -> Row | None:
+    """Confirm the contact whose link has this token hash (again: no change); None: no such link."""
+    with transaction(conn):
+        rows = query_rows(conn, "contacts_confirm", {"token_hash": token_hash})
+    return rows[0] if rows else None

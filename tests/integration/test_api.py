@@ -8,6 +8,7 @@ server process (dispatcher.runtime.api_main under gevent, started through the CL
 from __future__ import annotations
 
 import base64
+import html
 import itertools
 import json
 import os
@@ -488,6 +489,98 @@ def test_the_101st_replay_in_an_hour_gets_429_across_api_processes(world, make_c
               " WHERE id = (SELECT min(id) FROM api_replay_ledger WHERE workspace_id = 'acme')")
     assert first.simulate_post(f"/v2/webhooks/deliveries/{original}/replay",
                                headers=bearer(token)).status_code == 202
+
+
+# Express's 404 page echoes the request's path and query (finalhandler, HTML-escaped).
+_SECRET_URL = "https://hooks.example.test/services/T0AB12CD/B0EF34GH/ripple9000?channel=ops-alerts&sig=Qz81kx"
+_SECRET_PARTS = ("/services", "T0AB12CD", "B0EF34GH", "ripple9000", "ops-alerts", "Qz81kx")
+_EXPRESS_404 = ('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error</title>\n'
+                '</head>\n<body>\n<pre>Cannot POST /services/T0AB12CD/B0EF34GH/ripple9000?channel=ops-alerts'
+                '&amp;sig=Qz81kx</pre>\n</body>\n</html>\n')
+
+
+def test_a_read_token_never_sees_the_endpoint_url_through_an_excerpt_or_error(world, make_client) -> None:
+    """Issue 23 item 5: the URL a read token sees masked must not come back in clear in what the receiver
+    echoed (the excerpt, cut at 256 bytes mid-path too) or in an error text; a write token sees it all."""
+    client = make_client()
+    ws = world.workspace("acme")
+    ep = world.endpoint(ws, url=_SECRET_URL)
+    echoed = "HTTP 404: Cannot POST /services/T0AB12CD/B0EF34GH/ripple9000?channel=ops-alerts&sig=Qz81kx"
+    delivery = world.delivery(ws, ep, world.event(ws, "evt_1"), status="pending", attempt=3, last_error=echoed)
+    world.attempt(delivery, ep, 1, "http_4xx", 404, error=echoed, excerpt=_EXPRESS_404)
+    # The stored excerpt is cut at 256 bytes: here in the middle of the path.
+    world.attempt(delivery, ep, 2, "http_4xx", 404, error="HTTP 404",
+                  excerpt="x" * 214 + "Cannot POST /services/T0AB12CD/B0EF34")
+    world.attempt(delivery, ep, 3, "http_4xx", 404, error="HTTP 404",
+                  excerpt="Cannot POST %2Fservices%2FT0AB12CD%2FB0EF34GH%2Fripple9000")
+    world.sql("INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, last_error)"
+              " VALUES (%s, 'closed', 3, %s)", (ep, echoed))
+    read_token, write_token = world.token(ws, auth.READ), world.token(ws)
+    paths = (f"/v2/webhooks/deliveries/{delivery}", "/v2/webhooks/deliveries", "/v2/events/evt_1/deliveries",
+             f"/v2/webhooks/endpoints/{ep}", "/v2/webhooks/endpoints")
+    for path in paths:
+        shown = client.simulate_get(path, headers=bearer(read_token))
+        assert shown.status_code == 200, shown.text
+        for part in _SECRET_PARTS:
+            assert part not in shown.text, (path, part, shown.text)
+    detail = client.simulate_get(paths[0], headers=bearer(read_token)).json
+    first = detail["attempts"][0]
+    assert "Cannot POST ***" in first["response_excerpt"] and first["error"] == "HTTP 404: Cannot POST ***"
+    assert detail["attempts"][1]["response_excerpt"].endswith("Cannot POST ***")
+    assert detail["last_error"] == "HTTP 404: Cannot POST ***"
+    whole = client.simulate_get(paths[0], headers=bearer(write_token)).json
+    assert whole["attempts"][0]["error"] == whole["last_error"] == echoed
+    assert whole["attempts"][0]["response_excerpt"] == _EXPRESS_404
+    endpoint = client.simulate_get(paths[3], headers=bearer(write_token)).json
+    assert endpoint["last_error"] == echoed
+
+
+class _Express404(BaseHTTPRequestHandler):
+    """Answers as Express's final handler does: 404 with the request's path and query in the page."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server naming
+        self.rfile.read(int(self.headers["Content-Length"]))
+        page = (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>Error</title>\n'
+                f'</head>\n<body>\n<pre>Cannot POST {html.escape(self.path)}</pre>\n</body>\n</html>\n').encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_real_receiver_echoing_the_path_shows_a_read_token_no_part_of_it(db, world, make_client, write_config,
+                                                                          tmp_path: Path) -> None:
+    from dispatcher_devtools.kit import Dispatcher, produce, seed_workspace, wait_until
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Express404)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}" + _SECRET_URL.partition(".test")[2]
+        seed_workspace(db.dsn, "ws", [url])
+        config = write_config(db)
+        produce(config, db.dsn, "ws", 1)
+        with Dispatcher(config, tmp_path / "dispatcher.log"):
+            wait_until(lambda: world.sql("SELECT count(*) FROM webhook_delivery_attempts")[0][0] >= 1,
+                       message="the receiver's 404 to be recorded")
+        (delivery,) = [r[0] for r in world.sql("SELECT id FROM webhook_deliveries")]
+        stored = world.sql("SELECT response_excerpt FROM webhook_delivery_attempts")[0][0]
+        assert "Cannot POST /services/T0AB12CD" in stored, "the receiver echoed the path into the excerpt"
+        client = make_client()
+        read = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token("ws", auth.READ)))
+        assert read.status_code == 200 and "Cannot POST ***" in read.json["attempts"][0]["response_excerpt"]
+        for part in _SECRET_PARTS:
+            assert part not in read.text, (part, read.text)
+        whole = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token("ws")))
+        assert whole.json["attempts"][0]["response_excerpt"] == stored
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 class _Capture(BaseHTTPRequestHandler):

@@ -54,6 +54,12 @@ def _close(dsn: str, endpoint_id: int) -> None:
     _breaker(dsn, endpoint_id, BreakerSignal.SUCCESS)
 
 
+def _confirmed(db: Any, workspace_id: str, address: str) -> None:
+    """``address`` confirmed as an owner contact of the workspace, as its mailed link would leave it."""
+    db.query("INSERT INTO contact_confirmations (workspace_id, address, sent_at, confirmed_at)"
+             " VALUES (%s, %s, now(), now())", (workspace_id, address))
+
+
 # ---------------------------------------------------------------- the rules
 
 
@@ -68,7 +74,18 @@ def _close(dsn: str, endpoint_id: int) -> None:
 ])
 def test_recipient_falls_back_from_endpoint_to_workspace_to_operator(endpoint: str | None, workspace: str | None,
                                                                      expected: tuple[str, str]) -> None:
-    assert recipient(endpoint, workspace, OPERATOR) == expected
+    everyone = {contact for contact in (endpoint, workspace) if contact}
+    assert recipient(endpoint, workspace, OPERATOR, everyone) == expected
+
+
+@pytest.mark.parametrize(("confirmed", "expected"), [
+    ({"e@example.com", "w@example.com"}, ("e@example.com", "endpoint")),
+    ({"w@example.com"}, ("w@example.com", "workspace")),
+    ({"e@example.com"}, ("e@example.com", "endpoint")),
+    (set(), (OPERATOR, "operator")),
+])
+def test_only_confirmed_contacts_are_recipients(confirmed: set[str], expected: tuple[str, str]) -> None:
+    assert recipient("e@example.com", "w@example.com", OPERATOR, confirmed) == expected
 
 
 @pytest.mark.parametrize(("first", "second", "same"), [
@@ -119,6 +136,7 @@ def test_config_checks_the_addresses_and_keeps_the_password_out_of_its_repr(db) 
 def test_one_opened_and_one_recovered_mail_per_episode_to_the_endpoint_owner(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["https://hooks.example.com/a"])
     db.query("UPDATE webhook_endpoints SET owner_contact = 'owner@example.com'")
+    _confirmed(db, "ws", "owner@example.com")
     with smtp_server() as smtp:
         notices = _notices(_config(db.dsn, smtp.port), db.dsn)
         notices.run_once()
@@ -153,6 +171,8 @@ def test_fallback_to_the_workspace_owner_then_the_operator(db) -> None:
     (nobody,) = seed_workspace(db.dsn, "nobody", ["https://c.example.com/"])
     db.query("UPDATE webhook_endpoints SET owner_contact = 'endpoint@example.com' WHERE id = %s", (ids[0],))
     db.query("UPDATE workspaces SET owner_contact = 'workspace@example.com' WHERE id = 'ws'")
+    _confirmed(db, "ws", "endpoint@example.com")
+    _confirmed(db, "ws", "workspace@example.com")
     with smtp_server() as smtp:
         notices = _notices(_config(db.dsn, smtp.port), db.dsn)
         for endpoint_id in [*ids, nobody]:
@@ -242,6 +262,108 @@ def test_starttls_and_auth_against_a_relay_we_trust_and_none_we_do_not(db, tmp_p
                                       "notifier": {"kind": "smtp", "smtp_port": trusted.port, **settings}}, env={})
         _notices(config, db.dsn).run_once()
         assert len(trusted.received("paused")) == 1
+
+
+# ---------------------------------------------------------------- confirmed contacts (issue 23 item 6)
+
+CONFIRM_URL = "https://api.example.test/v2/contacts/confirm"
+
+
+def test_a_notice_never_goes_to_an_unconfirmed_contact(db) -> None:
+    """A customer can name any address; until it confirmed, its notices go to the workspace's confirmed
+    owner, else the operator (here no confirm_url: nobody is even asked)."""
+    first, second = seed_workspace(db.dsn, "ws", ["https://a.example.com/", "https://b.example.com/"])
+    db.query("UPDATE webhook_endpoints SET owner_contact = 'victim@example.com'")
+    with smtp_server() as smtp:
+        notices = _notices(_config(db.dsn, smtp.port), db.dsn)
+        _open(db.dsn, first)
+        notices.run_once()
+        (mail,) = smtp.received()
+        assert mail.recipients == [OPERATOR] and "paused" in mail.subject
+        db.query("UPDATE workspaces SET owner_contact = 'team@example.com' WHERE id = 'ws'")
+        _confirmed(db, "ws", "team@example.com")
+        _open(db.dsn, second)
+        notices.run_once()
+        assert [m.recipients for m in smtp.received()] == [[OPERATOR], ["team@example.com"]]
+    assert not any("victim@example.com" in m.recipients for m in smtp.received())
+
+
+def _link(mail: Any) -> str:
+    (line,) = [line for line in mail.body.splitlines() if line.startswith(CONFIRM_URL)]
+    return line
+
+
+def test_a_contact_confirms_by_the_mailed_link_and_only_then_hears(db) -> None:
+    import falcon.testing
+
+    from dispatcher.api import auth
+    from dispatcher.api.app import create_app
+
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["https://hooks.example.com/a"])
+    db.query("UPDATE webhook_endpoints SET owner_contact = 'owner@example.com'")
+    with smtp_server() as smtp:
+        config = _config(db.dsn, smtp.port, confirm_url=CONFIRM_URL)
+        notices = _notices(config, db.dsn)
+        _open(db.dsn, endpoint)
+        notices.run_once()
+        notices.run_once()
+        (ask,) = smtp.received("Confirm")
+        assert ask.recipients == ["owner@example.com"] and "ws" in ask.subject
+        (notice,) = smtp.received("paused")
+        assert notice.recipients == [OPERATOR], "not confirmed yet: the operator hears"
+        link = _link(ask)
+        token = link.partition("?token=")[2]
+        assert token and db.query("SELECT count(*) FROM contact_confirmations WHERE token_hash = %s",
+                                  (token,)) == [(0,)], "only the token's hash is stored"
+        app = create_app(config, db.dsn)
+        conn = db.connect()
+        conn.autocommit = True
+        try:
+            client = falcon.testing.TestClient(app)
+            shown = f"/v2/webhooks/endpoints/{endpoint}"
+            auth_header = {"Authorization": f"Bearer {auth.create_token(conn, 'ws', [auth.READ])}"}
+            assert client.simulate_get(shown, headers=auth_header).json["owner_contact_confirmed"] is False
+            page = client.simulate_get("/v2/contacts/confirm", params={"token": token})
+            assert page.status_code == 200 and "<form method=\"post\">" in page.text
+            assert "owner@example.com" in page.text
+            assert page.headers["content-security-policy"].startswith("default-src 'none'")
+            unconfirmed = "SELECT count(*) FROM contact_confirmations WHERE confirmed_at IS NULL"
+            assert db.query(unconfirmed) == [(1,)], "a GET (a mail scanner) confirms nothing"
+            assert client.simulate_post("/v2/contacts/confirm", params={"token": token + "x"}).status_code == 404
+            assert client.simulate_post("/v2/contacts/confirm").status_code == 400
+            assert client.simulate_post("/v2/contacts/confirm", params={"token": "é" * 500}).status_code == 404
+            done = client.simulate_post("/v2/contacts/confirm", params={"token": token})
+            assert done.status_code == 200 and "Confirmed" in done.text
+            assert db.query(unconfirmed) == [(0,)]
+            assert client.simulate_get(shown, headers=auth_header).json["owner_contact_confirmed"] is True
+        finally:
+            app.pool.close()
+            conn.close()
+        _close(db.dsn, endpoint)
+        _open(db.dsn, endpoint)
+        notices.run_once()
+        assert [m.recipients for m in smtp.received("paused")] == [[OPERATOR], ["owner@example.com"]]
+        # A new contact is asked in turn; the old one's confirmation goes with it.
+        db.query("UPDATE webhook_endpoints SET owner_contact = 'other@example.com'")
+        notices.run_once()
+        assert [m.recipients for m in smtp.received("Confirm")] == [["owner@example.com"], ["other@example.com"]]
+    assert db.query("SELECT address, confirmed_at IS NOT NULL FROM contact_confirmations") == [
+        ("other@example.com", False)]
+
+
+def test_mails_per_recipient_hour_holds_the_rest_and_drops_none(db, caplog: pytest.LogCaptureFixture) -> None:
+    endpoints = seed_workspace(db.dsn, "ws", [f"https://h{n}.example.com/" for n in range(4)])
+    with smtp_server() as smtp, caplog.at_level(logging.WARNING, logger="dispatcher.notifier"):
+        notices = _notices(_config(db.dsn, smtp.port, mails_per_recipient_hour=2), db.dsn)
+        for endpoint_id in endpoints:
+            _open(db.dsn, endpoint_id)
+        notices.run_once()
+        notices.run_once()
+        assert len(smtp.received()) == 2
+    assert "mails an hour at most" in caplog.text
+    held = db.query("SELECT attempts, next_attempt_at > now() + interval '50 minutes' FROM breaker_notices "
+                    "WHERE sent_at IS NULL")
+    assert held == [(0, True), (0, True)], "held for the hour, their attempts given back"
 
 
 # ---------------------------------------------------------------- the operational webhook

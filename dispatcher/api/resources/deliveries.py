@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,20 +19,28 @@ from dispatcher.store import deliveries as delivery_store
 from dispatcher.views import delivery_json, timestamp
 
 
+def _shape(who: auth.Principal) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Deliveries as ``who`` may see them: a read-only token never sees its endpoint's URL in clear,
+    not even echoed back in a receiver's answer (issue 23, item 5)."""
+    whole = auth.WRITE in who.scopes
+    return lambda row: delivery_json(row, whole)
+
+
 class Deliveries(Resource):
     """GET /v2/webhooks/deliveries: the workspace's deliveries, newest first."""
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
+        def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             params.only(req, "event_id", "endpoint_id", "status", "since", "until", "limit", "cursor")
             filters = delivery_store.DeliveryFilter(
                 event_id=params.query_event_id(req), endpoint_id=params.query_int(req, "endpoint_id"),
                 status=params.status(req), since=params.query_timestamp(req, "since"),
                 until=params.query_timestamp(req, "until"))
-            return delivery_store.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
+            rows = delivery_store.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
                                                   params.limit(req) + 1)
+            return page(rows, params.limit(req), _shape(who))
 
-        resp.media = page(read(self.ctx, req, auth.READ, query), params.limit(req))
+        resp.media = read(self.ctx, req, auth.READ, query)
 
 
 class Delivery(Resource):
@@ -41,9 +50,9 @@ class Delivery(Resource):
         def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            return delivery_store.get_delivery(conn, who.workspace_id, ident)
+            return _shape(who)(delivery_store.get_delivery(conn, who.workspace_id, ident))
 
-        resp.media = delivery_json(read(self.ctx, req, auth.READ, query))
+        resp.media = read(self.ctx, req, auth.READ, query)
 
 
 class Replay(Resource):
@@ -54,14 +63,14 @@ class Replay(Resource):
             row = delivery_store.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
-        resp.media = delivery_json(row)
+        resp.media = delivery_json(row, whole_url=True)  # replaying takes write scope
 
 
 class EventDeliveries(Resource):
     """GET /v2/events/{event_id}/deliveries: every delivery of one event, replays included."""
 
     def on_get(self, req: falcon.Request, resp: falcon.Response, event_id: str) -> None:
-        def query(conn: Connection, who: auth.Principal) -> list[dict[str, Any]]:
+        def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             event = params.event_id(event_id)
             params.only(req, "limit", "cursor")
             limit, before = params.limit(req), params.cursor(req)
@@ -71,10 +80,9 @@ class EventDeliveries(Resource):
             # An event with no endpoint subscribed has no rows but does exist.
             if not rows and before is None and not delivery_store.event_exists(conn, who.workspace_id, event):
                 raise not_found(f"event {event[:80]!r} does not exist")
-            return rows
+            return page(rows, limit, _shape(who))
 
-        rows = read(self.ctx, req, auth.READ, query)
-        resp.media = {"event_id": event_id, **page(rows, params.limit(req))}
+        resp.media = {"event_id": event_id, **read(self.ctx, req, auth.READ, query)}
 
 
 def _recover_window(body: Any, max_age: float) -> tuple[datetime, datetime | None]:

@@ -16,8 +16,8 @@ class WorkspaceSettings(Resource):
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         with session(self.ctx, req, auth.READ) as (conn, who):
             params.only(req)
-            owner, notify_url = store.workspace_contacts(conn, who.workspace_id)
-        resp.media = workspace_json(owner, notify_url, auth.WRITE in who.scopes)
+            owner, notify_url, confirmed = store.workspace_contacts(conn, who.workspace_id)
+        resp.media = workspace_json(owner, notify_url, auth.WRITE in who.scopes, confirmed)
 
     def on_patch(self, req: falcon.Request, resp: falcon.Response) -> None:
         who = principal(self.ctx, req, auth.WRITE)
@@ -25,6 +25,7 @@ class WorkspaceSettings(Resource):
         body = params.workspace_fields(params.json_body(req, self.ctx.config.max_body_bytes))
         check_url(self.ctx, body.get("notify_webhook_url") or None)
         with self.ctx.pool.connection() as conn:
-            owner, notify_url = store.set_workspace_contacts(
+            store.set_workspace_contacts(
                 conn, who.workspace_id, body.get("owner_contact"), body.get("notify_webhook_url"), who.token_id)
-        resp.media = workspace_json(owner, notify_url, True)
+            owner, notify_url, confirmed = store.workspace_contacts(conn, who.workspace_id)
+        resp.media = workspace_json(owner, notify_url, True, confirmed)
