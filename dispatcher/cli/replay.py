@@ -78,7 +78,8 @@ def add_parser(commands: Any) -> None:
 def _filter(config: Config, args: argparse.Namespace) -> ReplayFilter:
     now = datetime.now(UTC)
     rf = ReplayFilter(since=args.since or now - DEFAULT_WINDOW, until=args.until, types=tuple(args.type),
-                      endpoints=tuple(args.endpoint), statuses=tuple(args.status) or DEFAULT_STATUSES)
+                      endpoints=tuple(args.endpoint), statuses=tuple(args.status) or DEFAULT_STATUSES,
+                      since_defaulted=args.since is None)
     problem = filter_problem(rf, now, config.api.recover_max_age)
     if problem is not None:
         raise UsageError(f"replay refused: {problem}")

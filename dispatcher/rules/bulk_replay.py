@@ -40,6 +40,9 @@ class ReplayFilter:
     types: tuple[str, ...] = ()
     endpoints: tuple[int, ...] = ()
     statuses: tuple[str, ...] = DEFAULT_STATUSES
+    # ``since`` was not given but defaulted (DEFAULT_WINDOW before the request): a retry
+    # of the request, moments later, is still the same request.
+    since_defaulted: bool = False
 
     def as_json(self) -> dict[str, object]:
         return {"since": self.since.isoformat(), "until": None if self.until is None else self.until.isoformat(),
@@ -50,6 +53,8 @@ class ReplayFilter:
         request (same key) is recognised, and a key reused for another filter is refused."""
         canon = {**self.as_json(), "types": sorted(set(self.types)), "endpoints": sorted(set(self.endpoints)),
                  "statuses": sorted(set(self.statuses))}
+        if self.since_defaulted:
+            canon["since"] = "default"
         return hashlib.sha256(json.dumps(canon, sort_keys=True).encode()).hexdigest()
 
 

@@ -255,6 +255,15 @@ def test_the_budget_is_charged_per_100_rows_and_refuses_whole(world, make_client
     assert made.status_code == 422  # the same 250 rows, however the filter is written
 
 
+def test_a_retry_without_since_finds_the_same_job(world, make_client) -> None:
+    """since defaults to 24 h before each request: a retry moments later is still the same request."""
+    client, seen = make_client(), outage(world)
+    headers = {**seen["headers"], "Idempotency-Key": "no-since"}
+    first = client.simulate_post(PATH, headers=headers, json={"types": ["job.completed"]})
+    again = client.simulate_post(PATH, headers=headers, json={"types": ["job.completed"], "since": None})
+    assert (first.status_code, again.status_code) == (202, 200) and again.json["id"] == first.json["id"]
+
+
 # ---------------------------------------------------------------- the CLI
 
 

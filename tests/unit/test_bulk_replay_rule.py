@@ -39,6 +39,11 @@ def test_the_fingerprint_ignores_list_order_but_not_content() -> None:
     assert a.fingerprint() == ReplayFilter(SINCE, None, ("a", "b"), (1, 2), ("dead", "failed")).fingerprint()
     assert a.fingerprint() != ReplayFilter(SINCE, None, ("a",), (1, 2), ("dead", "failed")).fingerprint()
     assert a.fingerprint() != ReplayFilter(SINCE, NOW, ("a", "b"), (1, 2), ("dead", "failed")).fingerprint()
+    # A defaulted since is the same request a moment later, a given one is not.
+    later = SINCE + timedelta(seconds=5)
+    assert ReplayFilter(SINCE, since_defaulted=True).fingerprint() == ReplayFilter(
+        later, since_defaulted=True).fingerprint()
+    assert ReplayFilter(SINCE).fingerprint() != ReplayFilter(later).fingerprint()
 
 
 @pytest.mark.parametrize(("total", "queued", "done", "shown"), [

@@ -60,7 +60,7 @@ def parse_filter(body: Any, max_age: float) -> tuple[ReplayFilter, bool, str | N
     if request_id is not None and not (isinstance(request_id, str) and _KEY.fullmatch(request_id)):
         raise bad_request("request_id must be 1 to 200 printable ASCII characters")
     rf = ReplayFilter(since=since, until=until, types=_strings(body, "types", ()), endpoints=_ids(body),
-                      statuses=_strings(body, "statuses", DEFAULT_STATUSES))
+                      statuses=_strings(body, "statuses", DEFAULT_STATUSES), since_defaulted=body.get("since") is None)
     problem = filter_problem(rf, now + timedelta(seconds=1), max_age)
     if problem is not None:
         raise unprocessable(problem)
