@@ -117,7 +117,8 @@ def endpoint_stats_json(stats: StatsWindow, buckets: int) -> dict[str, Any]:
 
 def replay_preview_json(found: Preview, rf: ReplayFilter) -> dict[str, Any]:
     """A bulk replay's dry run: what the filter matches now; nothing was queued or spent."""
-    return {"dry_run": True, "filter": rf.as_json(), "count": found.total, "replay_units": found.units,
+    return {"dry_run": True, "filter": rf.as_json(), "count": found.total, "count_capped": found.capped,
+            "replay_units": found.units,
             "sample": [{"delivery_id": r["id"], "event_id": r["event_id"], "event_type": r["event_type"],
                         "endpoint_id": r["endpoint_id"], "status": r["status"],
                         "created_at": timestamp(r["created_at"])} for r in found.sample]}

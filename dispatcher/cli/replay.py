@@ -99,12 +99,16 @@ def cmd_replay(config: Config, args: argparse.Namespace, conn: store.Connection)
     budget = ReplayBudget(api.replays_per_hour, region_per_hour=api.region_replays_per_hour)
     if args.dry_run:
         found = replay_store.preview(conn, args.workspace, rf, budget, BulkReplayPolicy().sample)
-        print(found.total)
+        print(f"{found.total}+" if found.capped else found.total)
         for row in found.sample:
             print(f"delivery {row['id']}  event {row['event_id']} ({row['event_type']})  endpoint "
                   f"{row['endpoint_id']}  {row['status']}  {row['created_at'].isoformat()}")
-        print(f"dry run: {found.total} rows would be queued, costing {found.units} replay units; nothing queued",
-              file=sys.stderr)
+        if found.capped:
+            print(f"dry run: more than {found.total - 1} rows match, more than one hour's replay budget; "
+                  "narrow the filter (--since/--until); nothing queued", file=sys.stderr)
+        else:
+            print(f"dry run: {found.total} rows would be queued, costing {found.units} replay units; nothing queued",
+                  file=sys.stderr)
         return ExitCode.OK
     key = args.request_id or f"cli:{time.time_ns()}"
     job, created = replay_store.create_job(conn, args.workspace, rf, key, budget, None)

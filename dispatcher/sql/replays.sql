@@ -7,9 +7,13 @@
 SELECT coalesce(max(id), 0) AS max_id FROM webhook_deliveries WHERE workspace_id = %(workspace_id)s;
 
 -- name: replay_count
+-- Counted up to `cap` (one more row than the hourly budget can ever pay
+-- for): a filter matching millions of rows costs no more than one that the
+-- budget refuses anyway.
 SELECT count(*) AS total
-  FROM dispatcher_replay_candidates(%(workspace_id)s, %(since)s, %(until)s, %(types)s::text[],
-                                    %(endpoints)s::bigint[], %(statuses)s::text[], 0, %(max_id)s);
+  FROM (SELECT 1 FROM dispatcher_replay_candidates(%(workspace_id)s, %(since)s, %(until)s, %(types)s::text[],
+                                                   %(endpoints)s::bigint[], %(statuses)s::text[], 0, %(max_id)s)
+         LIMIT %(cap)s) c;
 
 -- name: replay_sample
 SELECT c.id, c.endpoint_id, c.event_id, c.event_type, c.status, c.created_at

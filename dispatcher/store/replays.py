@@ -25,11 +25,13 @@ from dispatcher.store.queries import QUERIES, Connection, Row, query_rows, run_q
 
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """A dry run: how many rows the filter would queue now, what that costs, and the first few."""
+    """A dry run: how many rows the filter would queue now, what that costs, and the first few.
+    ``capped``: the count stopped at the budget's cap (``ReplayBudget.count_cap``); there are more."""
 
     total: int
     units: int
     sample: list[Row]
+    capped: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +62,10 @@ def preview(conn: Connection, workspace_id: str, rf: ReplayFilter, budget: Repla
         _check_endpoints(conn, workspace_id, rf)
         params = _params(workspace_id, rf)
         params["max_id"] = run_query(conn, "replay_max_id", params)[0][0]
+        params["cap"] = budget.count_cap()
         total = int(run_query(conn, "replay_count", params)[0][0])
         rows = query_rows(conn, "replay_sample", {**params, "limit": sample}) if total else []
-    return Preview(total=total, units=budget.units_for_rows(total), sample=rows)
+    return Preview(total=total, units=budget.units_for_rows(total), sample=rows, capped=total >= params["cap"])
 
 
 def create_job(conn: Connection, workspace_id: str, rf: ReplayFilter, request_key: str, budget: ReplayBudget,
@@ -86,6 +89,7 @@ def create_job(conn: Connection, workspace_id: str, rf: ReplayFilter, request_ke
         _check_endpoints(conn, workspace_id, rf)
         params = _params(workspace_id, rf)
         params["max_id"] = run_query(conn, "replay_max_id", params)[0][0]
+        params["cap"] = budget.count_cap()
         total = int(run_query(conn, "replay_count", params)[0][0])
         units = budget.units_for_rows(total)
         if units:

@@ -100,7 +100,7 @@ def test_dry_run_count_equals_what_the_job_queues(world, make_client, runner) ->
     rows_before = world.count()
     dry = client.simulate_post(PATH, headers=seen["headers"], json={**seen["body"], "dry_run": True})
     assert dry.status_code == 200, dry.text
-    assert dry.json["count"] == len(seen["want"]) and dry.json["replay_units"] == 1
+    assert dry.json["count"] == len(seen["want"]) and dry.json["replay_units"] == 1 and not dry.json["count_capped"]
     assert {s["delivery_id"] for s in dry.json["sample"]} == seen["want"]  # fewer than the sample's 10
     assert world.count() == rows_before and not world.sql("SELECT 1 FROM api_replay_ledger")  # nothing queued, paid
     made = client.simulate_post(PATH, headers=seen["headers"], json=seen["body"])
@@ -246,7 +246,10 @@ def test_the_budget_is_charged_per_100_rows_and_refuses_whole(world, make_client
               " SELECT %s, %s, 'b' || n, 'sha256:x', 'dead' FROM generate_series(1, 250) n", (ws, ep))
     headers = bearer(world.token(ws))
     dry = client.simulate_post(PATH, headers=headers, json={"dry_run": True}).json
-    assert (dry["count"], dry["replay_units"], len(dry["sample"])) == (250, 3, 10)
+    # Counted up to one row past what 2 units can ever pay for (200 rows): a huge filter costs no huge count.
+    assert (dry["count"], dry["count_capped"], dry["replay_units"], len(dry["sample"])) == (201, True, 3, 10)
+    narrow = client.simulate_post(PATH, headers=headers, json={"dry_run": True, "endpoints": [ep]}).json
+    assert narrow["count_capped"] and narrow["count"] == 201
     refused = client.simulate_post(PATH, headers=headers, json={})
     assert_problem(refused, 422)  # 3 units can never fit an hourly limit of 2
     assert world.sql("SELECT count(*) FROM replay_jobs") == [(0,)] and world.count("replay_of IS NOT NULL") == 0
