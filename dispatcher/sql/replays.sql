@@ -81,3 +81,9 @@ UPDATE replay_jobs
        updated_at = now()
  WHERE id = %(id)s
 RETURNING state, queued, total;
+
+-- name: replay_prune_jobs
+-- Finished jobs kept as long as dead rows are (retention.dead): a retried
+-- request older than that makes a new job, which finds every pair its
+-- predecessor queued already replayed.  A running job stays however old.
+DELETE FROM replay_jobs WHERE state = 'done' AND finished_at < now() - make_interval(secs => %(older_than)s);
