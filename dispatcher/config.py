@@ -313,7 +313,8 @@ class AlertsConfig:
 
 @dataclass(frozen=True)
 class RetentionConfig:
-    dead: float = setting(30 * 86400.0, parse_duration, "keep dead and failed deliveries this long (Q2)")
+    dead: float = setting(30 * 86400.0, parse_duration,
+                          "keep dead and failed deliveries, and finished bulk replay jobs, this long (Q2)")
     delivered: float = setting(7 * 86400.0, parse_duration, "keep delivered (and marked shadow) deliveries this long")
     attempts: float = setting(30 * 86400.0, parse_duration, "keep attempt history this long")
     batch: int = setting(5000, _positive_int, "rows deleted per pruning statement")

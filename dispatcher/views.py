@@ -1,5 +1,5 @@
 """The public JSON shapes of deliveries, endpoints, tokens, the workspace
-settings, audit entries and endpoint stats.
+settings, audit entries, endpoint stats and bulk replays.
 
 The API answers with them and the CLI prints them (``endpoint show``,
 ``endpoint list --json``), so an operator and a client see one shape.  Each
@@ -15,8 +15,10 @@ from typing import Any
 
 from dispatcher.redact import MASKED_PART, mask_url, mask_url_parts
 from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
+from dispatcher.rules.bulk_replay import ReplayFilter, percent
 from dispatcher.store import deliveries as delivery_store
 from dispatcher.store.endpoints import StatsWindow
+from dispatcher.store.replays import Preview
 
 
 def timestamp(value: datetime | None) -> str | None:
@@ -132,3 +134,24 @@ def endpoint_stats_json(stats: StatsWindow, buckets: int) -> dict[str, Any]:
     return {"since": stats.since.isoformat(), "until": stats.until.isoformat(),
             "window_seconds": round((stats.until - stats.since).total_seconds()),
             "bucket_seconds": stats.bucket_seconds, "data": data}
+
+
+def replay_preview_json(found: Preview, rf: ReplayFilter) -> dict[str, Any]:
+    """A bulk replay's dry run: what the filter matches now; nothing was queued or spent."""
+    return {"dry_run": True, "filter": rf.as_json(), "count": found.total, "count_capped": found.capped,
+            "replay_units": found.units,
+            "sample": [{"delivery_id": r["id"], "event_id": r["event_id"], "event_type": r["event_type"],
+                        "endpoint_id": r["endpoint_id"], "status": r["status"],
+                        "created_at": timestamp(r["created_at"])} for r in found.sample]}
+
+
+def replay_job_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A bulk replay job: its filter and progress (``percent`` reaches 100 when it is done)."""
+    done = row["state"] == "done"
+    return {"id": row["id"], "state": row["state"],
+            "filter": {"since": timestamp(row["since"]), "until": timestamp(row["until"]),
+                       "types": list(row["event_types"]), "endpoints": list(row["endpoint_ids"]),
+                       "statuses": list(row["statuses"])},
+            "total": row["total"], "queued": row["queued"], "percent": percent(row["total"], row["queued"], done),
+            "replay_units": row["replay_units"], "created_at": timestamp(row["created_at"]),
+            "updated_at": timestamp(row["updated_at"]), "finished_at": timestamp(row["finished_at"])}

@@ -30,11 +30,13 @@ from dispatcher.api.resources.deliveries import Deliveries, Delivery, EventDeliv
 from dispatcher.api.resources.documents import Console, OpenApi
 from dispatcher.api.resources.endpoints import BreakerClose, Endpoint, Endpoints, SecretRotate
 from dispatcher.api.resources.health import Health
+from dispatcher.api.resources.replays import ReplayJob, Replays
 from dispatcher.api.resources.stats import EndpointStats
 from dispatcher.api.resources.tokens import Tokens
 from dispatcher.api.resources.workspace import WorkspaceSettings
 from dispatcher.config import Config
 from dispatcher.outbound.netguard import OutboundPolicy
+from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.replay_budget import ReplayBudget
 
 ROUTES: tuple[tuple[str, type[Resource]], ...] = (
@@ -56,6 +58,8 @@ ROUTES: tuple[tuple[str, type[Resource]], ...] = (
     ("/v2/webhooks/workspace", WorkspaceSettings),
     ("/v2/webhooks/audit", AuditLog),
     ("/v2/contacts/confirm", ContactConfirm),
+    ("/v2/webhooks/replays", Replays),
+    ("/v2/webhooks/replays/{job_id}", ReplayJob),
 )
 
 
@@ -117,6 +121,7 @@ def create_app(config: Config, dsn: str,
     console = _asset("console.html")
     ctx = ApiContext(config=api, pool=pool, reads=reads,
                      replay_budget=ReplayBudget(api.replays_per_hour, region_per_hour=api.region_replays_per_hour),
+                     replay_policy=BulkReplayPolicy(),
                      breaker=config.breaker.policy(), outbound=OutboundPolicy.from_config(config.http),
                      secret_grace=config.secrets.rotation_grace, openapi=_asset("openapi.json"), console=console,
                      console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),

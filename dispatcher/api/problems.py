@@ -19,6 +19,7 @@ import falcon
 from dispatcher import store
 from dispatcher.api import pool
 from dispatcher.store import Conflict, ReplayLimited
+from dispatcher.store.errors import Unprocessable
 
 log = logging.getLogger("dispatcher.api")
 
@@ -88,6 +89,11 @@ def handle_conflict(req: falcon.Request, resp: falcon.Response, exc: Exception, 
     raise Problem(409, "conflict", "Conflict", str(exc))
 
 
+def handle_unprocessable(req: falcon.Request, resp: falcon.Response, exc: Exception,
+                         params: dict[str, Any]) -> None:
+    raise unprocessable(str(exc))
+
+
 def handle_limit_reached(req: falcon.Request, resp: falcon.Response, exc: Exception,
                          params: dict[str, Any]) -> None:
     raise Problem(409, "endpoint-limit", "Endpoint limit reached",
@@ -129,6 +135,7 @@ HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
     (Exception, handle_bug),
     (store.NotFound, handle_not_found),
     (Conflict, handle_conflict),
+    (Unprocessable, handle_unprocessable),
     (store.LimitReached, handle_limit_reached),
     (ReplayLimited, handle_replay_limited),
     (store.DatabaseUnavailable, handle_unavailable),

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dispatcher import store
-from dispatcher.cli import gate, manage, rollout
+from dispatcher.cli import gate, manage, replay, rollout
 from dispatcher.config import Config, load_config
 from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.runtime.entry import run_command
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     manage.add_token_parsers(token)
     rollout.add_parsers(commands)
     gate.add_parser(commands)
+    replay.add_parser(commands)
     return parser
 
 
@@ -218,6 +219,10 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
     return exec_api(config)
 
 
+def cmd_replay(config: Config, args: argparse.Namespace) -> int:
+    return replay.cmd_replay(config, args, _connect(config))
+
+
 def cmd_status(config: Config, args: argparse.Namespace) -> int:
     from dispatcher.cli.status import cmd_status as status
 
@@ -227,7 +232,7 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Command] = {
     "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api,
     "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token, "status": cmd_status,
-    "rollout": rollout.cmd_rollout, "gate": gate.cmd_gate,
+    "rollout": rollout.cmd_rollout, "gate": gate.cmd_gate, "replay": cmd_replay,
 }
 
 

@@ -134,7 +134,7 @@ class Upkeep:
         (they end at most ``retry.ceiling`` after creation, or, behind an open
         breaker, once a probe after it fails: up to ``breaker.open_for`` later),
         delivered rows and marked shadow rows ``retention.delivered``, attempt
-        history ``retention.attempts``."""
+        history ``retention.attempts``, finished bulk replay jobs ``retention.dead``."""
         retention = self._config.retention
         ceiling = max([self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())])
         ended_by = ceiling + self._config.breaker.open_for
@@ -146,6 +146,7 @@ class Upkeep:
         if deleted:
             log.info("retention: pruned %d rows", deleted)
         self._store.prune_gate_evidence(GATE_EVIDENCE_KEPT)
+        self._store.prune_replay_jobs(retention.dead)
 
     def _prune_until_short(self, prune_batch: Callable[[], int]) -> int:
         return self._repeat_until_short(prune_batch, self._config.retention.batch)

@@ -44,15 +44,18 @@ import gevent.lock
 from dispatcher.config import Config
 from dispatcher.engine.delivery import Attempt, DeliveryMaker
 from dispatcher.engine.notifier import OwnerNotices
+from dispatcher.engine.replayer import BulkReplayer
 from dispatcher.metrics import Metrics
 from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, BreakerWrite, Signal
+from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.lane import FIRST_GUESS, LanePolicy, running_mean
 from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
+from dispatcher.store.replays import ReplayJobStore
 
 if TYPE_CHECKING:
     from dispatcher.engine.upkeep import Upkeep
@@ -149,6 +152,8 @@ class Worker:
         # Its own connection, opened on first use (by the leader, or after a transition seen here).
         self._notices = OwnerNotices(config, NoticeStore(connection("notify")))
         self._notice_due = gevent.event.Event()
+        # Bulk replay jobs, on the upkeep leader, on a connection of their own (opened on first use).
+        self._replayer = BulkReplayer(ReplayJobStore(connection("replay")), BulkReplayPolicy())
         self._breaker = config.breaker.policy()
         self._lanes: dict[int, Lane] = {}
         workers = config.workers
@@ -179,7 +184,7 @@ class Worker:
         """Serve until ``stop`` is called; then drain within the grace period."""
         log.info("worker %s started (client=%s) event=worker_started", self.owner, self.config.http.client)
         background = [gevent.spawn(self._flush_loop), gevent.spawn(self._upkeep_loop),
-                      gevent.spawn(self._notice_loop)]
+                      gevent.spawn(self._notice_loop), gevent.spawn(self._replay_loop)]
         if self._heartbeat_path:
             background.append(gevent.spawn(self._heartbeat_loop))
         status = gevent.spawn(self._status_loop)
@@ -629,6 +634,22 @@ class Worker:
                 self._notices.run_once(prune=leader)
             except Exception as exc:  # a StoreError, or anything else: logged, tried again next round
                 log.warning("breaker notices skipped this round: %s", exc)
+
+    def _replay_loop(self) -> None:
+        """Bulk replay jobs (``dispatcher.engine.replayer``) on the upkeep leader: a batch, then
+        the policy's pause while a job runs, else a look every check_interval.  Off the delivery
+        path: nothing here may end the loop."""
+        idle = self.config.alerts.check_interval
+        while True:
+            leader = self._upkeep_runner is not None and self._upkeep_runner.is_leader
+            busy = False
+            if leader:
+                try:
+                    busy = self._replayer.run_once()
+                except Exception as exc:  # a StoreError, or anything else: logged, tried again later
+                    log.warning("bulk replay batch skipped: %s", exc)
+            if self._stopping.wait(self._replayer.policy.pause if busy else idle):
+                return
 
     def _heartbeat_loop(self) -> None:
         assert self._heartbeat_path is not None

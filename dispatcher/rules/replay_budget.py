@@ -47,6 +47,11 @@ class ReplayBudget:
     def units_for_rows(self, rows: int) -> int:
         return math.ceil(rows / self.rows_per_unit)
 
+    def count_cap(self) -> int:
+        """One row more than a workspace's hourly budget can ever pay for: counting a bulk
+        replay's rows may stop there, since a request that large is refused whatever its size."""
+        return self.per_hour * self.rows_per_unit + 1
+
     def refusal(self, window: Sequence[Spent], units: int) -> Refusal | None:
         """None if ``units`` fit beside the workspace's ``window`` (oldest first); else the
         refusal, with the seconds until enough of the oldest spending has left the window."""

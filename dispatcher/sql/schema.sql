@@ -193,7 +193,7 @@ CREATE TABLE api_audit (
     delivery_ids bigint[] DEFAULT '{}'::bigint[] NOT NULL,
     detail       jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT api_audit_pkey PRIMARY KEY (id),
-    CONSTRAINT api_audit_action_check CHECK ((action = ANY (ARRAY['delivery.replay'::text, 'endpoint.recover'::text, 'endpoint.create'::text, 'endpoint.update'::text, 'endpoint.delete'::text, 'endpoint.breaker_close'::text, 'endpoint.secret_rotate'::text, 'workspace.update'::text])))
+    CONSTRAINT api_audit_action_check CHECK ((action = ANY (ARRAY['delivery.replay'::text, 'endpoint.recover'::text, 'endpoint.create'::text, 'endpoint.update'::text, 'endpoint.delete'::text, 'endpoint.breaker_close'::text, 'endpoint.secret_rotate'::text, 'workspace.update'::text, 'replay.bulk'::text])))
 );
 
 CREATE TABLE breaker_notices (
@@ -256,6 +256,34 @@ CREATE TABLE contact_confirmations (
     CONSTRAINT contact_confirmations_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE
 );
 
+CREATE TABLE replay_jobs (
+    id           bigserial,
+    workspace_id text NOT NULL,
+    request_key  text NOT NULL,
+    fingerprint  text NOT NULL,
+    token_id     bigint,
+    since        timestamp with time zone NOT NULL,
+    until        timestamp with time zone,
+    event_types  text[] DEFAULT '{}'::text[] NOT NULL,
+    endpoint_ids bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    statuses     text[] NOT NULL,
+    state        text DEFAULT 'running'::text NOT NULL,
+    total        integer NOT NULL,
+    queued       integer DEFAULT 0 NOT NULL,
+    replay_units integer NOT NULL,
+    max_id       bigint NOT NULL,
+    after_id     bigint DEFAULT 0 NOT NULL,
+    created_at   timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at   timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at  timestamp with time zone,
+    CONSTRAINT replay_jobs_pkey PRIMARY KEY (id),
+    CONSTRAINT replay_jobs_request UNIQUE (workspace_id, request_key),
+    CONSTRAINT replay_jobs_state_check CHECK ((state = ANY (ARRAY['running'::text, 'done'::text]))),
+    CONSTRAINT replay_jobs_total_check CHECK ((total >= 0)),
+    CONSTRAINT replay_jobs_queued_check CHECK ((queued >= 0)),
+    CONSTRAINT replay_jobs_replay_units_check CHECK ((replay_units >= 0))
+);
+
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
@@ -309,6 +337,8 @@ CREATE INDEX contact_confirmations_due ON public.contact_confirmations USING btr
 CREATE INDEX contact_confirmations_sent ON public.contact_confirmations USING btree (lower(address), sent_at) WHERE (sent_at IS NOT NULL);
 
 CREATE INDEX breaker_notices_sent ON public.breaker_notices USING btree (lower(recipient), sent_at) WHERE (sent_at IS NOT NULL);
+
+CREATE INDEX replay_jobs_running ON public.replay_jobs USING btree (id) WHERE (state = 'running'::text);
 
 CREATE OR REPLACE FUNCTION public.webhook_endpoints_limit()
  RETURNS trigger
@@ -513,6 +543,29 @@ BEGIN
     -- what the dispatcher sends for the same event (it reads payload::text).
     RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
 END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_replay_candidates(ws text, since timestamp with time zone, until timestamp with time zone, types text[], endpoints bigint[], statuses text[], after_id bigint, max_id bigint)
+ RETURNS TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, created_at timestamp with time zone, payload_hash text)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT d.id, d.endpoint_id, d.event_id, ev.type, d.status, d.created_at, d.payload_hash
+      FROM webhook_deliveries d
+      JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
+      JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
+     WHERE d.workspace_id = ws AND d.id > after_id AND d.id <= max_id
+       -- A row is written with or after its event: this bound lets the
+       -- created_at BRIN index skip older blocks.
+       AND d.created_at >= since
+       AND d.mode = 'live' AND d.status = ANY (statuses)
+       AND ev.created_at >= since AND (until IS NULL OR ev.created_at < until)
+       AND (cardinality(types) = 0 OR ev.type = ANY (types))
+       AND (cardinality(endpoints) = 0 OR d.endpoint_id = ANY (endpoints))
+       AND e.active AND e.purpose = 'customer'
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
+                        WHERE o.event_id = d.event_id AND o.workspace_id = d.workspace_id
+                          AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
 $function$;
 
 CREATE TRIGGER webhook_endpoints_limit BEFORE INSERT OR UPDATE OF active, workspace_id ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION webhook_endpoints_limit();

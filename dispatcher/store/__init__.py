@@ -5,7 +5,7 @@ Queries are data: they live in ``dispatcher/sql/*.sql`` as named blocks
 ``sql/migrations``.  This module holds the connection, migrations and the
 workspace/endpoint admin writes; the other modules hold one kind of data
 each: ``store.engine`` the dispatcher's claim and result writes,
-``store.deliveries`` the delivery history, replay and recover,
+``store.deliveries`` the delivery history, replay and recover, ``store.replays`` bulk replay by filter,
 ``store.endpoints`` endpoint state and changes, ``store.tokens`` API tokens,
 ``store.audit`` the audit log, ``store.rollout`` the rollout controls,
 ``store.operations`` heartbeats and status, ``store.notices`` breaker

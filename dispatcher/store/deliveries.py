@@ -89,7 +89,7 @@ def event_exists(conn: Connection, workspace_id: str, event_id: str) -> bool:
         return bool(run_query(conn, "api_event_exists", {"event_id": event_id, "workspace_id": workspace_id}))
 
 
-def _charge(conn: Connection, workspace_id: str, units: int, budget: ReplayBudget) -> None:
+def charge_replay(conn: Connection, workspace_id: str, units: int, budget: ReplayBudget) -> None:
     """Spend ``units`` of the workspace's and the region's sliding-hour budgets, or raise the refusal.
 
     Must run inside the caller's transaction, after ``api_replay_lock`` and
@@ -119,7 +119,7 @@ def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: Replay
         source = rows[0]
         _check_replayable(delivery_id, source)
         run_query(conn, "api_replay_lock", {"workspace_id": workspace_id})
-        _charge(conn, workspace_id, 1, budget)
+        charge_replay(conn, workspace_id, 1, budget)
         row = query_rows(conn, "api_insert_replay", {
             "workspace_id": workspace_id, "endpoint_id": source["endpoint_id"], "event_id": source["event_id"],
             "payload_hash": source["payload_hash"], "replay_of": delivery_id})[0]
@@ -166,7 +166,7 @@ def recover(conn: Connection, workspace_id: str, endpoint_id: int, since: dateti
         if not ids:
             return RecoverResult(queued=0, units=0)
         units = budget.units_for_rows(len(ids))
-        _charge(conn, workspace_id, units, budget)
+        charge_replay(conn, workspace_id, units, budget)
         queued = [int(r[0]) for r in run_query(conn, "api_recover_insert", {"ids": ids, "workspace_id": workspace_id})]
         audit(conn, Audit(workspace_id, token_id, "endpoint.recover", endpoint_id, queued, {
             "since": since.isoformat(), "until": None if until is None else until.isoformat(),

@@ -460,6 +460,12 @@ class EngineStore:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_prune_gate_evidence"], {"older_than": older_than})
 
+    def prune_replay_jobs(self, older_than: float) -> int:
+        """Delete bulk replay jobs finished more than ``older_than`` seconds ago (``replay_prune_jobs``)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["replay_prune_jobs"], {"older_than": older_than})
+            return int(cur.rowcount)
+
     def open_breakers(self) -> list[tuple[int, str]]:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_open_breakers"])

@@ -48,6 +48,10 @@ class Conflict(StoreError):
     """The request is well formed but the rows' state refuses it (HTTP 409)."""
 
 
+class Unprocessable(StoreError):
+    """The request names rows that do not exist where it must (HTTP 422), e.g. a filter's endpoint."""
+
+
 class LimitReached(StoreError):
     """A database-enforced limit refused the write."""
 

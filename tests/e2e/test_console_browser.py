@@ -11,7 +11,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -345,5 +345,64 @@ def test_a_read_only_token_sees_masked_urls_and_no_usable_write_actions(db, cons
     for action in ("close-breaker", "disable", "rotate-secret", "recover"):
         assert row.locator(f"button[data-action={action}]").is_disabled(), action
     assert row.locator("button[data-action=deliveries]").is_enabled()
+    assert not errors, errors
+    world.conn.close()
+
+
+# --- bulk replay (issue 24, section 3) ------------------------------------------------------------
+
+
+def test_a_bulk_replay_dry_run_then_job_to_100_percent(db, console_url: str, browser: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from dispatcher.engine.replayer import BulkReplayer
+    from dispatcher.rules.bulk_replay import BulkReplayPolicy
+    from dispatcher.store.engine import ManagedConnection
+    from dispatcher.store.replays import ReplayJobStore
+    from tests.integration.test_bulk_replay import outage, replays
+
+    world = World(db)
+    seen = outage(world)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(10_000)
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto(console_url + "/console")
+    page.fill("#token", seen["headers"]["Authorization"].removeprefix("Bearer "))
+    page.click("#save-token")
+    # datetime-local takes minutes: the outage's bounds, rounded inward, pick the same rows.
+    since, until = (datetime.fromisoformat(seen["body"][k]) for k in ("since", "until"))
+    page.fill("#bulk-since", (since + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#bulk-until", until.strftime("%Y-%m-%dT%H:%M"))
+    page.fill("#bulk-types", "job.completed")
+    page.click("#bulk-dry")
+    expect(page.locator("#bulk-count")).to_contain_text(f"{len(seen['want'])} deliveries match")
+    assert page.locator("#bulk-result tbody tr").count() == len(seen["want"])
+    assert replays(world) == []  # a dry run queues nothing
+    _shot(page, tmp_path, "console-bulk-dry-run.png")
+
+    conn = ManagedConnection(db.dsn, "test console leader")
+    runner = BulkReplayer(ReplayJobStore(conn), BulkReplayPolicy(batch_rows=2, pause=0))
+    stop = threading.Event()
+
+    def leader() -> None:
+        while not stop.is_set():
+            if not runner.run_once():
+                stop.wait(0.05)
+
+    thread = threading.Thread(target=leader, daemon=True)
+    thread.start()
+    try:
+        page.dblclick("#bulk-go")  # a double click makes one job
+        expect(page.locator("#bulk-progress")).to_contain_text(
+            f"done, {len(seen['want'])} of {len(seen['want'])} queued (100 %)", timeout=30_000)
+    finally:
+        stop.set()
+        thread.join(30)
+        conn.close()
+    assert page.locator("#bulk-bar").get_attribute("value") == "100"
+    assert sorted(r[0] for r in replays(world)) == sorted(seen["want"])
+    assert world.sql("SELECT count(*) FROM replay_jobs") == [(1,)]
+    _shot(page, tmp_path, "console-bulk-done.png")
     assert not errors, errors
     world.conn.close()

@@ -183,6 +183,9 @@ INDEXES = {
     ("breaker_notices", ("next_attempt_at",), "(sent_at IS NULL)", False),
     # 0010: an endpoint's recent attempts (the endpoint list's 24 h rate, GET .../endpoints/stats).
     ("webhook_delivery_attempts", ("endpoint_id", "started_at"), None, False),
+    # 0021: a retried bulk replay request finds its job; the replay loop finds running jobs.
+    ("replay_jobs", ("workspace_id", "request_key"), None, True),
+    ("replay_jobs", ("id",), "(state = 'running'::text)", False),
 }
 
 CHECKED_VALUES = {
@@ -192,6 +195,7 @@ CHECKED_VALUES = {
     ("rollout_workspaces", "list"): {"include", "exclude"},
     ("webhook_endpoints", "purpose"): {"customer", "operational"},
     ("breaker_notices", "kind"): {"opened", "recovered"},
+    ("replay_jobs", "state"): {"running", "done"},
 }
 
 FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",)),
@@ -214,6 +218,10 @@ FUNCTIONS = {
         "skipped text)", "v"),
     # 0014: the lease test (STABLE, so the planner inlines it) and the lane give-back.
     "dispatcher_unleased(timestamp with time zone)": ("boolean", "s"),
+    # 0021: what a bulk replay re-queues (STABLE, inlined into the count, the sample and each batch).
+    "dispatcher_replay_candidates(text,timestamp with time zone,timestamp with time zone,text[],bigint[],text[],"
+    "bigint,bigint)": ("TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, "
+                       "created_at timestamp with time zone, payload_hash text)", "s"),
 }
 
 

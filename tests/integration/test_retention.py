@@ -34,3 +34,18 @@ def test_upkeep_prunes_by_status_and_age_and_never_pending(db) -> None:
     assert survivors == {f"ev-{n}" for n, (_, _, kept) in enumerate(ROWS) if kept}
     assert query(db.dsn, "SELECT round(extract(epoch FROM now() - started_at) / 86400) "
                          "FROM webhook_delivery_attempts") == [(29,)]
+
+
+def test_upkeep_prunes_bulk_replay_jobs_finished_longer_ago_than_dead_rows_are_kept(db) -> None:
+    jobs = [("done", 31, False), ("done", 29, True), ("running", 60, True)]  # (state, finished days ago, kept)
+    for n, (state, days, _) in enumerate(jobs):
+        query(db.dsn, "INSERT INTO replay_jobs (workspace_id, request_key, fingerprint, since, statuses, state, total,"
+                      " replay_units, max_id, created_at, finished_at) VALUES ('ws', %s, 'f', now(), '{dead}', %s,"
+                      " 0, 0, 0, now() - make_interval(secs => %s), CASE WHEN %s = 'done'"
+                      " THEN now() - make_interval(secs => %s) END)",
+              (f"k{n}", state, days * 86400, state, days * 86400))
+    config = config_from_mapping({"region": "test", "database": {"dsn": db.dsn}, "statsd": {"enabled": False},
+                                  "retention": {"dead": "30d"}}, env={})
+    Upkeep(config, EngineStore(ManagedConnection(db.dsn, "test")), Metrics(config.statsd)).run_once()
+    kept = {row[0] for row in query(db.dsn, "SELECT request_key FROM replay_jobs")}
+    assert kept == {f"k{n}" for n, (_, _, keep) in enumerate(jobs) if keep}

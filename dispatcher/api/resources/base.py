@@ -22,6 +22,7 @@ from dispatcher.api.problems import Problem, unprocessable
 from dispatcher.config import ApiConfig
 from dispatcher.outbound.netguard import OutboundPolicy, registration_refusal
 from dispatcher.rules.breaker import BreakerPolicy
+from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.replay_budget import ReplayBudget
 from dispatcher.store import Connection
 
@@ -34,6 +35,7 @@ class ApiContext:
     pool: ConnectionPool
     reads: ReadRoute | None
     replay_budget: ReplayBudget
+    replay_policy: BulkReplayPolicy
     breaker: BreakerPolicy
     outbound: OutboundPolicy
     secret_grace: float
