@@ -35,7 +35,7 @@ import functools
 import re
 import urllib.parse
 from collections.abc import Iterable
-from typing import overload
+from typing import TypeAlias, overload
 
 from dispatcher.signing import SECRET_PREFIX, as_standard_secret
 
@@ -195,6 +195,8 @@ def _decode(body: bytes, chars: int) -> str:
 
 
 MASKED_PART = "***"
+# A parsed JSON document (an event payload as the database's jsonb gives it back).
+JsonValue: TypeAlias = "dict[str, JsonValue] | list[JsonValue] | str | int | float | bool | None"
 
 
 def mask_url(url: str) -> str:
@@ -218,3 +220,15 @@ def mask_url(url: str) -> str:
     query = "?" + MASKED_PART if parts.query else ""
     fragment = "#" + MASKED_PART if parts.fragment else ""
     return f"{parts.scheme}://{netloc}{path}{query}{fragment}"
+
+
+def mask_json(value: JsonValue) -> JsonValue:
+    """An event payload as a read-only token (and the console) sees it: objects keep
+    their keys and arrays their length, every other value but null becomes ``***``.
+    Payloads carry customers' data; only a token that may write (and so replay it)
+    sees the values, as only it sees whole endpoint URLs (:func:`mask_url`)."""
+    if isinstance(value, dict):
+        return {key: mask_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [mask_json(item) for item in value]
+    return None if value is None else MASKED_PART

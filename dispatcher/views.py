@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher.redact import mask_url
+from dispatcher.redact import mask_json, mask_url
 from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.store import deliveries as delivery_store
 from dispatcher.store.endpoints import StatsWindow
@@ -23,16 +23,33 @@ def timestamp(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def delivery_json(row: dict[str, Any]) -> dict[str, Any]:
-    """The public shape of a delivery; claim internals (locks, tokens) are never read."""
+def delivery_json(row: dict[str, Any], policy: BreakerPolicy) -> dict[str, Any]:
+    """The public shape of a delivery; claim internals (locks, tokens) are never read.
+
+    ``breaker_hold``: for a pending row its endpoint's breaker keeps waiting
+    (``BreakerPolicy.holds``), the breaker's shown state and until when; else null.
+    """
     out = {key: row[key] for key in delivery_store.DELIVERY_COLUMNS}
     for key in ("created_at", "next_attempt_at", "delivered_at", "finished_at"):
         out[key] = timestamp(out[key])
+    breaker = EndpointBreaker(row["breaker_state"], row["breaker_failures"], row["breaker_open_until_epoch"])
+    held = row["status"] == "pending" and policy.holds(breaker, row["next_attempt_epoch"], row["db_now"])
+    out["breaker_hold"] = ({"state": policy.shown_state(breaker, row["db_now"]),
+                            "until": timestamp(row["breaker_open_until"])} if held else None)
     if "attempts" in row:
         out["attempts"] = [
             {**a, "started_at": timestamp(a["started_at"])} for a in row["attempts"]
         ]
     return out
+
+
+def delivery_detail_json(row: dict[str, Any], policy: BreakerPolicy, whole_payload: bool) -> dict[str, Any]:
+    """One delivery with its attempts and the payload that was sent (the POST body's ``data``; null once
+    the event aged out).  ``whole_payload``: the token may write; else the values are masked."""
+    payload = row["payload"]
+    masked = not whole_payload and payload is not None
+    return {**delivery_json(row, policy), "payload": mask_json(payload) if masked else payload,
+            "payload_redacted": masked}
 
 
 def breaker_state(row: dict[str, Any], policy: BreakerPolicy) -> str:
@@ -71,10 +88,12 @@ def token_json(row: dict[str, Any]) -> dict[str, Any]:
             "last_used_at": timestamp(row["last_used_at"]), "revoked_at": timestamp(row["revoked_at"])}
 
 
-def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool) -> dict[str, Any]:
-    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs."""
+def workspace_json(workspace_id: str, owner: str | None, notify_url: str | None, whole_url: bool) -> dict[str, Any]:
+    """The workspace (its id names it) and who hears of its breakers; the notify URL masked for
+    read-only tokens, like endpoint URLs."""
     shown = notify_url if whole_url or notify_url is None else mask_url(notify_url)
-    return {"owner_contact": owner, "notify_webhook_url": shown, "url_masked": not whole_url}
+    return {"workspace_id": workspace_id, "owner_contact": owner, "notify_webhook_url": shown,
+            "url_masked": not whole_url}
 
 
 def audit_json(row: dict[str, Any]) -> dict[str, Any]:

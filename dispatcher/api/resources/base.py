@@ -24,7 +24,6 @@ from dispatcher.outbound.netguard import OutboundPolicy, registration_refusal
 from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.rules.replay_budget import ReplayBudget
 from dispatcher.store import Connection
-from dispatcher.views import delivery_json
 
 T = TypeVar("T")
 
@@ -119,8 +118,7 @@ def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def page(rows: list[dict[str, Any]], limit: int,
-          shape: Callable[[dict[str, Any]], dict[str, Any]] = delivery_json) -> dict[str, Any]:
+def page(rows: list[dict[str, Any]], limit: int, shape: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     # One extra row was fetched only to learn whether another page exists.
     more = len(rows) > limit
     rows = rows[:limit]

@@ -15,7 +15,7 @@ from dispatcher.api.problems import bad_request, not_found, unprocessable
 from dispatcher.api.resources.base import Resource, page, path_action, principal, read
 from dispatcher.store import Connection
 from dispatcher.store import deliveries as delivery_store
-from dispatcher.views import delivery_json, timestamp
+from dispatcher.views import delivery_detail_json, delivery_json, timestamp
 
 
 class Deliveries(Resource):
@@ -31,7 +31,8 @@ class Deliveries(Resource):
             return delivery_store.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
                                                   params.limit(req) + 1)
 
-        resp.media = page(read(self.ctx, req, auth.READ, query), params.limit(req))
+        resp.media = page(read(self.ctx, req, auth.READ, query), params.limit(req),
+                          lambda row: delivery_json(row, self.ctx.breaker))
 
 
 class Delivery(Resource):
@@ -41,9 +42,10 @@ class Delivery(Resource):
         def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            return delivery_store.get_delivery(conn, who.workspace_id, ident)
+            row = delivery_store.get_delivery(conn, who.workspace_id, ident)
+            return delivery_detail_json(row, self.ctx.breaker, auth.WRITE in who.scopes)
 
-        resp.media = delivery_json(read(self.ctx, req, auth.READ, query))
+        resp.media = read(self.ctx, req, auth.READ, query)
 
 
 class Replay(Resource):
@@ -54,7 +56,7 @@ class Replay(Resource):
             row = delivery_store.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
-        resp.media = delivery_json(row)
+        resp.media = delivery_json(row, self.ctx.breaker)
 
 
 class EventDeliveries(Resource):
@@ -74,7 +76,8 @@ class EventDeliveries(Resource):
             return rows
 
         rows = read(self.ctx, req, auth.READ, query)
-        resp.media = {"event_id": event_id, **page(rows, params.limit(req))}
+        resp.media = {"event_id": event_id,
+                      **page(rows, params.limit(req), lambda row: delivery_json(row, self.ctx.breaker))}
 
 
 def _recover_window(body: Any, max_age: float) -> tuple[datetime, datetime | None]:

@@ -17,7 +17,7 @@ class WorkspaceSettings(Resource):
         with session(self.ctx, req, auth.READ) as (conn, who):
             params.only(req)
             owner, notify_url = store.workspace_contacts(conn, who.workspace_id)
-        resp.media = workspace_json(owner, notify_url, auth.WRITE in who.scopes)
+        resp.media = workspace_json(who.workspace_id, owner, notify_url, auth.WRITE in who.scopes)
 
     def on_patch(self, req: falcon.Request, resp: falcon.Response) -> None:
         who = principal(self.ctx, req, auth.WRITE)
@@ -27,4 +27,4 @@ class WorkspaceSettings(Resource):
         with self.ctx.pool.connection() as conn:
             owner, notify_url = store.set_workspace_contacts(
                 conn, who.workspace_id, body.get("owner_contact"), body.get("notify_webhook_url"), who.token_id)
-        resp.media = workspace_json(owner, notify_url, True)
+        resp.media = workspace_json(who.workspace_id, owner, notify_url, True)
