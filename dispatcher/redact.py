@@ -36,7 +36,7 @@ import html
 import re
 import urllib.parse
 from collections.abc import Iterable
-from typing import overload
+from typing import TypeAlias, overload
 
 from dispatcher.signing import SECRET_PREFIX, as_standard_secret
 
@@ -196,6 +196,8 @@ def _decode(body: bytes, chars: int) -> str:
 
 
 MASKED_PART = "***"
+# A parsed JSON document (an event payload as the database's jsonb gives it back).
+JsonValue: TypeAlias = "dict[str, JsonValue] | list[JsonValue] | str | int | float | bool | None"
 
 
 def mask_url(url: str) -> str:
@@ -269,3 +271,15 @@ def _url_part_forms(url: str) -> tuple[str, ...]:
             forms.update((plain, html.escape(plain), urllib.parse.quote(plain, safe=""),
                           urllib.parse.quote(plain, safe="/")))
     return tuple(sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True))
+
+
+def mask_json(value: JsonValue) -> JsonValue:
+    """An event payload as a read-only token (and the console) sees it: objects keep
+    their keys and arrays their length, every other value but null becomes ``***``.
+    Payloads carry customers' data; only a token that may write (and so replay it)
+    sees the values, as only it sees whole endpoint URLs (:func:`mask_url`)."""
+    if isinstance(value, dict):
+        return {key: mask_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [mask_json(item) for item in value]
+    return None if value is None else MASKED_PART

@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from dispatcher.redact import MASKED_PART, mask_url, mask_url_parts
+from dispatcher.redact import MASKED_PART, mask_json, mask_url, mask_url_parts
 from dispatcher.rules.breaker import BreakerPolicy, EndpointBreaker
 from dispatcher.rules.bulk_replay import ReplayFilter, percent
 from dispatcher.store import deliveries as delivery_store
@@ -25,14 +25,21 @@ def timestamp(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def delivery_json(row: dict[str, Any], whole_url: bool) -> dict[str, Any]:
+def delivery_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -> dict[str, Any]:
     """The public shape of a delivery; claim internals (locks, tokens) are never read.
 
+    ``breaker_hold``: for a pending row its endpoint's breaker keeps waiting
+    (``BreakerPolicy.holds``), the breaker's shown state and until when; else null.
     ``whole_url`` False (a read-only token): the receiver's texts (errors, response excerpts) are
-    shown with the endpoint URL's masked parts masked in them too (:func:`receiver_text`)."""
+    shown with the endpoint URL's masked parts masked in them too (:func:`receiver_text`).
+    """
     out = {key: row[key] for key in delivery_store.DELIVERY_COLUMNS}
     for key in ("created_at", "next_attempt_at", "delivered_at", "finished_at"):
         out[key] = timestamp(out[key])
+    breaker = EndpointBreaker(row["breaker_state"], row["breaker_failures"], row["breaker_open_until_epoch"])
+    held = row["status"] == "pending" and policy.holds(breaker, row["next_attempt_epoch"], row["db_now"])
+    out["breaker_hold"] = ({"state": policy.shown_state(breaker, row["db_now"]),
+                            "until": timestamp(row["breaker_open_until"])} if held else None)
     url = row.get("endpoint_url")
     if not whole_url:
         out["last_error"] = receiver_text(out["last_error"], url)
@@ -53,6 +60,16 @@ def receiver_text(text: str | None, url: str | None) -> str | None:
     if not text:
         return text
     return MASKED_PART if url is None else mask_url_parts(text, url)
+
+
+def delivery_detail_json(row: dict[str, Any], policy: BreakerPolicy, may_write: bool) -> dict[str, Any]:
+    """One delivery with its attempts and the payload that was sent (the POST body's ``data``; null once
+    the event aged out).  ``may_write``: the token may write, so it sees the payload and the receiver's
+    texts whole; else the payload's values are masked, and the texts as :func:`delivery_json` says."""
+    payload = row["payload"]
+    masked = not may_write and payload is not None
+    return {**delivery_json(row, policy, may_write), "payload": mask_json(payload) if masked else payload,
+            "payload_redacted": masked}
 
 
 def breaker_state(row: dict[str, Any], policy: BreakerPolicy) -> str:
@@ -92,11 +109,14 @@ def token_json(row: dict[str, Any]) -> dict[str, Any]:
             "last_used_at": timestamp(row["last_used_at"]), "revoked_at": timestamp(row["revoked_at"])}
 
 
-def workspace_json(owner: str | None, notify_url: str | None, whole_url: bool, confirmed: bool) -> dict[str, Any]:
-    """Who hears of this workspace's breakers; the notify URL masked for read-only tokens, like endpoint URLs.
-    ``confirmed``: the owner answered the mailed link, so notices go to it."""
+def workspace_json(workspace_id: str, owner: str | None, notify_url: str | None, whole_url: bool,
+                   confirmed: bool) -> dict[str, Any]:
+    """The workspace (its id names it) and who hears of its breakers; the notify URL masked for
+    read-only tokens, like endpoint URLs.  ``confirmed``: the owner answered the mailed link, so
+    notices go to it."""
     shown = notify_url if whole_url or notify_url is None else mask_url(notify_url)
-    return {"owner_contact": owner, "owner_contact_confirmed": confirmed, "notify_webhook_url": shown,
+    return {"workspace_id": workspace_id, "owner_contact": owner, "owner_contact_confirmed": confirmed,
+            "notify_webhook_url": shown,
             "url_masked": not whole_url}
 
 

@@ -8,7 +8,8 @@ with the rule is derived from it or tested against it on one table of cases
 * the claim (``engine_claim`` in ``sql/engine.sql``) sends to ``closed``
   endpoints, lets exactly one probe through once an ``open`` window or a
   ``half_open`` probe lease has lapsed, and skips the rest -- :meth:`BreakerPolicy.admits`;
-* the API and console show :meth:`BreakerPolicy.shown_state`;
+* the API and console show :meth:`BreakerPolicy.shown_state`, and which pending rows
+  wait for the breaker, :meth:`BreakerPolicy.holds`;
 * a flush of finished attempts updates the stored breakers through
   :class:`BreakerBatch`, whose fast path (no read, no lock) is exact only for
   rows that are still ``closed`` -- the guard of ``engine_breaker_touch``;
@@ -99,6 +100,17 @@ class BreakerPolicy:
         if admission == "send":
             return "closed"
         return "half_open" if admission == "probe" else b.state  # type: ignore[return-value]
+
+    def holds(self, b: EndpointBreaker, due_at: float, now: float) -> bool:
+        """Does the breaker, rather than its own schedule, keep a pending row due at ``due_at`` waiting?
+
+        Yes while the claim skips the endpoint (:meth:`admits`) and the row falls due
+        before the skip ends at ``open_until`` (the open window, or a half-open probe's
+        lease): until then its past or near ``next_attempt_at`` is not when it goes.  A
+        row due after that keeps its own time; behind a lapsed window the next due row
+        is the probe, so nothing is held.  The API shows this (a delivery's ``breaker_hold``).
+        """
+        return self.admits(b, now) == "skip" and b.open_until is not None and due_at < b.open_until
 
     def after(self, b: EndpointBreaker, signals: Sequence[BreakerSignal], now: float) -> EndpointBreaker:
         """The breaker after applying attempt signals in order."""

@@ -62,9 +62,15 @@ SELECT revoked_at FROM api_tokens WHERE id = %(id)s;
 -- the row's texts for a read-only token (NULL: the endpoint was deleted).
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error, ep.url AS endpoint_url
+       d.last_status_code, d.last_error, ep.url AS endpoint_url,
+       -- Whether the endpoint's breaker holds the row (breaker.BreakerPolicy.holds), decided
+       -- in Python from these and the database clock, as api_endpoints' shown state is.
+       coalesce(s.state, 'closed') AS breaker_state, coalesce(s.consecutive_failures, 0) AS breaker_failures,
+       s.open_until AS breaker_open_until, extract(epoch FROM s.open_until)::float8 AS breaker_open_until_epoch,
+       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
   LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id
  WHERE d.workspace_id = %(workspace_id)s
    AND (%(before_id)s::bigint IS NULL OR d.id < %(before_id)s::bigint)
@@ -79,9 +85,16 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
 -- name: api_get_delivery
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error, ep.url AS endpoint_url
+       d.last_status_code, d.last_error, ep.url AS endpoint_url,
+       -- The breaker columns, as in api_list_deliveries.
+       coalesce(s.state, 'closed') AS breaker_state, coalesce(s.consecutive_failures, 0) AS breaker_failures,
+       s.open_until AS breaker_open_until, extract(epoch FROM s.open_until)::float8 AS breaker_open_until_epoch,
+       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now,
+       -- The POST body's "data": the whole delivery only, never a list (a payload may be 256 KiB).
+       ev.payload
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
   LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id
  WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
 
@@ -128,9 +141,14 @@ WITH ins AS (
 )
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error, ep.url AS endpoint_url
+       d.last_status_code, d.last_error, ep.url AS endpoint_url,
+       -- The breaker columns, as in api_list_deliveries.
+       coalesce(s.state, 'closed') AS breaker_state, coalesce(s.consecutive_failures, 0) AS breaker_failures,
+       s.open_until AS breaker_open_until, extract(epoch FROM s.open_until)::float8 AS breaker_open_until_epoch,
+       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now
   FROM ins d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
   LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id;
 
 -- name: api_replay_lock

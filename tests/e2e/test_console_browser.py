@@ -7,6 +7,7 @@ test instead.  Playwright only drives the browser; it never downloads one.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -345,6 +346,167 @@ def test_a_read_only_token_sees_masked_urls_and_no_usable_write_actions(db, cons
     for action in ("close-breaker", "disable", "rotate-secret", "recover"):
         assert row.locator(f"button[data-action={action}]").is_disabled(), action
     assert row.locator("button[data-action=deliveries]").is_enabled()
+    # Issue 27 item 10: the payload's shape, its values redacted.
+    _look_up(page, "event", "evt_erp_dead_0")
+    payload = page.locator("#event-payload .payload.redacted .payload-json")
+    payload.wait_for()
+    assert json.loads(payload.inner_text()) == {"job": "***"}
+    assert "evt_erp_dead_0" not in page.locator("#event-payload").inner_text()
+    assert not errors, errors
+    world.conn.close()
+
+
+# --- the first hour (issue 27, items 9 to 11) -------------------------------------------------------
+
+
+def _look_up(page: Any, kind: str, ident: str) -> None:
+    page.select_option("#lookup-kind", kind)
+    page.fill("#lookup-id", ident)
+    page.click("#lookup-btn")
+
+
+def test_a_refused_token_or_a_404_lookup_leaves_nothing_stale(db, console_url: str, browser: Any) -> None:
+    """Item 9: what no longer applies leaves the screen with the error that says so."""
+    from playwright.sync_api import expect
+
+    world = World(db)
+    seeded = _seed_overview(world)
+    page, errors = _open_overview(browser, console_url, world.token(seeded["ws"]))
+    _look_up(page, "endpoint", str(seeded["broken"]))
+    page.locator("#endpoint-deliveries tr.delivery").first.wait_for()
+    assert page.locator("#breakers .breaker-open").count() == 1
+    # A lookup that finds nothing: the last lookup's endpoint, banner and deliveries go.
+    _look_up(page, "event", "evt_nobody_sent")
+    expect(page.locator("#message.error")).to_contain_text("404")
+    for gone in ("#endpoint-view", "#endpoint-deliveries", "#breakers .breaker", "tr.delivery"):
+        assert page.locator(gone).count() == 0, gone
+    assert page.locator("#endpoints tr.endpoint").count() == 4  # the same workspace's overview still applies
+    _look_up(page, "endpoint", str(seeded["broken"]))
+    page.locator("#endpoint-deliveries tr.delivery").first.wait_for()
+    _look_up(page, "endpoint", "999999")
+    expect(page.locator("#message.error")).to_contain_text("404")
+    assert page.locator("#endpoint-view").count() == 0 and page.locator("tr.delivery").count() == 0
+    # A refused token: nothing of the workspace stays, its name included.
+    page.fill("#token", "dsp_wrong")
+    page.click("#save-token")
+    expect(page.locator("#message.error")).to_contain_text("401")
+    assert page.locator("#endpoints").count() == 0 and page.locator("#overview-summary").count() == 0
+    assert "acme" not in page.locator("header").inner_text()
+    assert "refused" in page.locator("#overview-body").inner_text()
+    # A valid token's results, then a lookup refused with a revoked token.
+    page.fill("#token", world.token(seeded["ws"]))
+    page.click("#save-token")
+    _look_up(page, "endpoint", str(seeded["broken"]))
+    page.locator("#endpoint-deliveries tr.delivery").first.wait_for()
+    world.sql("UPDATE api_tokens SET revoked_at = now()")
+    _look_up(page, "event", "evt_erp_0")
+    expect(page.locator("#message.error")).to_contain_text("401")
+    assert page.locator("tr.delivery").count() == 0 and page.locator("#endpoints").count() == 0
+    assert not [e for e in errors if "401" not in e and "404" not in e], errors
+    world.conn.close()
+
+
+def test_lookups_show_at_the_top_with_the_workspace_payload_and_a_status_filter(db, console_url: str,
+                                                                                browser: Any, tmp_path: Path) -> None:
+    """Item 10: results where the user looks, the workspace's name, the payload sent, a status filter."""
+    from playwright.sync_api import expect
+
+    world = World(db)
+    seeded = _seed_overview(world)
+    broken = seeded["broken"]
+    page, errors = _open_overview(browser, console_url, world.token(seeded["ws"]))
+    assert page.locator("#workspace-name").inner_text() == "workspace acme"
+    _look_up(page, "event", "evt_erp_dead_0")
+    view = page.locator("#event-view")
+    view.wait_for()
+    # Above the overview and inside the first screen (860 px), not below the whole table.
+    box, overview = view.bounding_box(), page.locator("#overview").bounding_box()
+    assert box["y"] < overview["y"] and 0 <= box["y"] < 860, (box, overview)
+    payload = page.locator("#event-payload .payload-json")
+    payload.wait_for()
+    assert json.loads(payload.inner_text()) == {"job": "evt_erp_dead_0"}
+    assert page.locator("#event-payload .redacted").count() == 0
+
+    # The endpoint's deliveries from its overview row, scrolled to, filtered by status.
+    page.mouse.wheel(0, 2000)
+    _row(page, broken).locator("button[data-action=deliveries]").click()
+    rows = page.locator("#endpoint-deliveries tr.delivery")
+    rows.first.wait_for()
+    assert rows.count() == 6  # 1 delivered, 2 dead, 3 pending
+    assert -1 < page.locator("#endpoint-view").bounding_box()["y"] < 860  # scrolled to (sub-pixel)
+    page.select_option("#delivery-status", "dead")
+    expect(rows).to_have_count(2)
+    assert {r.locator(".badge").inner_text() for r in rows.all()} == {"dead"}
+    page.select_option("#delivery-status", "pending")
+    expect(rows).to_have_count(3)
+    assert page.locator("#delivery-status").input_value() == "pending"
+    page.select_option("#delivery-status", "failed")
+    expect(page.locator("#endpoint-deliveries .empty")).to_have_text("No failed deliveries.")
+    page.select_option("#delivery-status", "")
+    expect(rows).to_have_count(6)
+    # A write token sees the payload with a delivery's attempts.
+    first = rows.first
+    first.locator("button.toggle").click()
+    detail = page.locator(f'tr.attempts[data-for="{first.get_attribute("data-id")}"] .payload-json')
+    detail.wait_for()
+    assert "job" in json.loads(detail.inner_text())
+    _shot(page, tmp_path, "console-endpoint-filtered.png")
+    assert not errors, errors
+    world.conn.close()
+
+
+def test_small_untruths_breaker_hold_utc_recover_and_counts(db, console_url: str, browser: Any) -> None:
+    """Item 11: a held row says it waits for the breaker and until when; Recover takes a UTC
+    24-hour time; a sparkline of fresh data shows its counts."""
+    from playwright.sync_api import expect
+
+    world = World(db)
+    seeded = _seed_overview(world)
+    broken, quiet = seeded["broken"], seeded["quiet"]
+    fresh = world.endpoint(seeded["ws"], "https://new.acme.example/hooks")
+    row = world.delivery(seeded["ws"], fresh, world.event(seeded["ws"], "evt_new_1"), "delivered", attempt=1)
+    for n in range(3):
+        world.attempt(row, fresh, n + 1, "delivered", 200, ago=timedelta(minutes=5 + n))
+    page, errors = _open_overview(browser, console_url, world.token(seeded["ws"]))
+
+    # Fresh data: one bar and a count, not an empty chart.
+    fresh_row = _row(page, fresh)
+    assert fresh_row.locator(".attempt-count").inner_text() == "3 attempts"
+    bars = fresh_row.locator("svg.spark rect.spark-bar")
+    assert bars.count() == 1 and bars.get_attribute("data-attempts") == "3"
+    assert _row(page, quiet).locator(".attempt-count").inner_text() == "no attempts"
+    assert _row(page, seeded["payments"]).locator(".attempt-count").inner_text() == "98 attempts"
+
+    # The breaker's backlog: due in the past, held until the window ends.
+    (open_until,) = world.sql("SELECT to_char(open_until AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') "
+                              "FROM endpoint_state WHERE endpoint_id = %s", (broken,))[0]
+    _row(page, broken).locator("button[data-action=deliveries]").click()
+    pending = page.locator("#endpoint-deliveries tr.delivery", has=page.locator(".s-pending"))
+    pending.first.wait_for()
+    assert pending.count() == 3
+    for outcome in pending.locator("td.outcome").all():
+        assert outcome.inner_text() == f"waits for the breaker: open until {open_until} UTC"
+    assert "next" not in page.locator("#endpoint-deliveries").inner_text()
+
+    # Recover: a UTC text field with a 24-hour time, checked before anything is sent.
+    since = page.locator("#recover-since")
+    assert since.get_attribute("type") == "text"
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}", since.input_value())
+    for bad in ("12/01/2026 03:00 PM", "2026-12-01 25:00", "2026-02-30 10:00"):
+        since.fill(bad)
+        page.click("#recover-btn")
+        expect(page.locator("#message.error")).to_contain_text("YYYY-MM-DD HH:MM")
+        page.evaluate("document.getElementById('message').className = ''")
+    assert world.count("replay_of IS NOT NULL") == 0
+    (three_hours_ago,) = world.sql("SELECT to_char(now() AT TIME ZONE 'UTC' - interval '3 hours', "
+                                   "'YYYY-MM-DD HH24:MI')")[0]
+    since.fill(three_hours_ago)
+    page.click("#recover-btn")
+    expect(page.locator("#message.ok")).to_contain_text("Recover queued 2 deliveries")
+    assert world.count("endpoint_id = %s AND replay_of IS NOT NULL", (broken,)) == 2
+    # The overview's own Recover form is the same field.
+    _row(page, quiet).locator("button[data-action=recover]").click()
+    assert page.locator(f'tr.recover-row[data-for="{quiet}"] input.recover-since').get_attribute("type") == "text"
     assert not errors, errors
     world.conn.close()
 

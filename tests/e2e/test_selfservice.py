@@ -583,15 +583,16 @@ def test_workspace_settings_name_who_hears_of_breakers_through_the_api(world, ma
     ws, other = world.workspace("acme"), world.workspace("globex")
     read, write = world.token(ws, auth.READ), world.token(ws)
     assert client.simulate_get("/v2/webhooks/workspace", headers=bearer(read)).json == {
-        "owner_contact": None, "owner_contact_confirmed": False, "notify_webhook_url": None, "url_masked": True}
+        "workspace_id": "acme", "owner_contact": None, "owner_contact_confirmed": False, "notify_webhook_url": None,
+        "url_masked": True}
     assert_problem(client.simulate_patch("/v2/webhooks/workspace", headers=bearer(read),
                                          json={"owner_contact": "ops@acme.example"}), 403)
     url, shown = "https://ops.example.test/notices/k3y", "https://ops.example.test/***/***"
     changed = client.simulate_patch("/v2/webhooks/workspace", headers=bearer(write),
                                     json={"owner_contact": "ops@acme.example", "notify_webhook_url": url})
     assert changed.status_code == 200, changed.text
-    assert changed.json == {"owner_contact": "ops@acme.example", "owner_contact_confirmed": False,
-                            "notify_webhook_url": url, "url_masked": False}
+    assert changed.json == {"workspace_id": "acme", "owner_contact": "ops@acme.example",
+                            "owner_contact_confirmed": False, "notify_webhook_url": url, "url_masked": False}
     as_read = client.simulate_get("/v2/webhooks/workspace", headers=bearer(read)).json
     assert (as_read["notify_webhook_url"], as_read["url_masked"]) == (shown, True)
     for bad, status in (({"owner_contact": "nobody"}, 400),

@@ -261,6 +261,62 @@ def test_delivery_shows_every_attempt_and_no_claim_internals(world, make_client)
     assert "worker-7" not in text and "claim_token" not in text and "locked" not in text and "secret" not in text
 
 
+def test_a_write_token_sees_the_payload_a_read_token_sees_it_masked(world, make_client) -> None:
+    """Issue 27 item 10: one delivery carries the payload that was sent (the POST's ``data``),
+    values masked for a read-only token; lists never carry it."""
+    client = make_client()
+    ws = world.workspace("acme")
+    ep = world.endpoint(ws)
+    payload = {"customer": {"email": "ada@acme.example", "card_last4": "4242"}, "items": [7, "x"],
+               "paid": True, "note": None}
+    world.sql("INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('evt_p', %s, 'order.paid', 1,"
+              " %s)", (ws, json.dumps(payload)))
+    delivery = world.delivery(ws, ep, "evt_p", "delivered", attempt=1)
+    whole = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token(ws))).json
+    assert whole["payload"] == payload and whole["payload_redacted"] is False
+    masked = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token(ws, auth.READ)))
+    assert masked.status_code == 200, masked.text
+    assert masked.json["payload"] == {"customer": {"email": "***", "card_last4": "***"}, "items": ["***", "***"],
+                                      "paid": "***", "note": None}
+    assert masked.json["payload_redacted"] is True
+    assert "4242" not in masked.text and "ada@" not in masked.text
+    listed = client.simulate_get("/v2/webhooks/deliveries", headers=bearer(world.token(ws))).json["data"]
+    assert [d["id"] for d in listed] == [delivery] and "payload" not in listed[0]
+    world.sql("DELETE FROM events WHERE id = 'evt_p'")  # aged out: nothing left to show
+    gone = client.simulate_get(f"/v2/webhooks/deliveries/{delivery}", headers=bearer(world.token(ws))).json
+    assert gone["payload"] is None and gone["payload_redacted"] is False
+
+
+def test_a_row_held_by_an_open_breaker_says_until_when(world, make_client) -> None:
+    """Issue 27 item 11: a due row behind an open breaker is held until the window ends
+    (``BreakerPolicy.holds``); a row due after the window, or behind a closed breaker, is not."""
+    client = make_client()
+    ws = world.workspace("acme")
+    broken, fine = world.endpoint(ws), world.endpoint(ws, "https://two.example.test/")
+    held = world.delivery(ws, broken, world.event(ws, "e1"), "pending", age=timedelta(minutes=5))
+    later = world.delivery(ws, broken, world.event(ws, "e2"), "pending")
+    world.sql("UPDATE webhook_deliveries SET next_attempt_at = now() + interval '1 hour' WHERE id = %s", (later,))
+    free = world.delivery(ws, fine, "e1", "pending")
+    world.sql("INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until) "
+              "VALUES (%s, 'open', 20, now() + interval '4 minutes')", (broken,))
+    (open_until,) = world.sql("SELECT open_until FROM endpoint_state WHERE endpoint_id = %s", (broken,))[0]
+    token = world.token(ws, auth.READ)
+    rows = {d["id"]: d for d in client.simulate_get("/v2/webhooks/deliveries", headers=bearer(token)).json["data"]}
+    assert rows[held]["breaker_hold"] == {"state": "open", "until": open_until.isoformat()}
+    assert rows[later]["breaker_hold"] is None and rows[free]["breaker_hold"] is None
+    one = client.simulate_get(f"/v2/webhooks/deliveries/{held}", headers=bearer(token)).json
+    assert one["breaker_hold"] == rows[held]["breaker_hold"]
+    event = client.simulate_get("/v2/events/e1/deliveries", headers=bearer(token)).json["data"]
+    assert {d["id"]: d["breaker_hold"] is not None for d in event} == {held: True, free: False}
+    world.sql("UPDATE endpoint_state SET open_until = now() - interval '1 second' WHERE endpoint_id = %s", (broken,))
+    lapsed = client.simulate_get(f"/v2/webhooks/deliveries/{held}", headers=bearer(token)).json
+    assert lapsed["breaker_hold"] is None  # the window lapsed: the next due row is the probe
+    delivered = world.delivery(ws, broken, "e2", "dead")
+    world.sql("UPDATE endpoint_state SET open_until = now() + interval '4 minutes' WHERE endpoint_id = %s", (broken,))
+    assert client.simulate_get(f"/v2/webhooks/deliveries/{delivered}",
+                               headers=bearer(token)).json["breaker_hold"] is None  # only pending rows wait
+
+
 def test_list_filters_and_newest_first(world, make_client) -> None:
     client = make_client()
     ws = world.workspace("acme")

@@ -3,7 +3,8 @@ agree with it is tested here against the same table of cases:
 
 * the pure rule: :meth:`BreakerPolicy.admits` and :meth:`BreakerPolicy.shown_state`;
 * the claim SQL (``engine_claim``): send, probe or skip a due row;
-* the API's display of the breaker (``GET /v2/webhooks/endpoints/{id}``);
+* the API's display of the breaker (``GET /v2/webhooks/endpoints/{id}``) and of the
+  rows it holds (a delivery's ``breaker_hold``, :meth:`BreakerPolicy.holds`);
 * the fast path of a flush (``engine_breaker_touch``'s ``state = 'closed'``
   guard), which is exact only where the stored row is closed.
 """
@@ -58,6 +59,10 @@ def test_the_rule(case: Case) -> None:
     breaker = case.breaker(T0)
     assert POLICY.admits(breaker, T0) == case.admission
     assert POLICY.shown_state(breaker, T0) == case.shown
+    # A row due now waits for the breaker exactly while the claim skips its endpoint;
+    # a row due after the window keeps its own time.
+    assert POLICY.holds(breaker, T0, T0) == (case.admission == "skip")
+    assert not POLICY.holds(breaker, T0 + 600.0, T0)
 
 
 def _seed_case(db, case: Case) -> int:  # type: ignore[no-untyped-def]
@@ -85,13 +90,21 @@ def test_the_api_shows_the_rule(db, write_config, case: Case) -> None:
     query(db.dsn, "INSERT INTO api_tokens (token_sha256, workspace_id, scopes) VALUES (%s, 'ws', %s)",
           (hash_token("dsp_rule"), ["webhooks:read"]))
     app = create_app(load_config(write_config(db), env={}), db.dsn)
+    headers = {"Authorization": "Bearer dsp_rule"}
     try:
-        response = falcon.testing.TestClient(app).simulate_get(
-            f"/v2/webhooks/endpoints/{endpoint}", headers={"Authorization": "Bearer dsp_rule"})
+        client = falcon.testing.TestClient(app)
+        response = client.simulate_get(f"/v2/webhooks/endpoints/{endpoint}", headers=headers)
+        deliveries = client.simulate_get(f"/v2/webhooks/deliveries?endpoint_id={endpoint}", headers=headers)
     finally:
         app.pool.close()
     assert response.status_code == 200, response.text
     assert response.json["breaker"]["state"] == case.shown
+    # The seeded row is due now: the API says it waits for the breaker where the rule holds it.
+    (row,) = deliveries.json["data"]
+    hold = row["breaker_hold"]
+    assert (hold is not None) == (case.admission == "skip")
+    if hold is not None:
+        assert hold == {"state": case.shown, "until": response.json["breaker"]["open_until"]}
 
 
 SIGNALS = st.lists(st.sampled_from(list(BreakerSignal)), min_size=1, max_size=30)

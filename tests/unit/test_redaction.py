@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.redact import MASK, excerpt, scrub
+from dispatcher.redact import MASK, excerpt, mask_json, scrub
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import SECRET
 
@@ -158,3 +158,15 @@ def test_excerpt_is_storable_and_bounded() -> None:
     assert "\x00" not in broken and len(broken.encode()) <= 256
     broken.encode("utf-8")  # no lone surrogate, no split character
     assert scrub("a\x00b\ud800c") == "a\ufffdb?c"
+
+
+def test_a_payload_keeps_its_shape_and_loses_its_values() -> None:
+    """What a read-only token sees of a payload (docs/api.md, Payloads)."""
+    deep: Any = "card 4242"
+    for _ in range(64):
+        deep = {"k": [deep]}
+    masked = mask_json({"a": 1, "b": [True, None, 2.5, {"c": "x"}], "d": {}, "e": [], "deep": deep})
+    assert masked["a"] == "***" and masked["b"] == ["***", None, "***", {"c": "***"}]
+    assert masked["d"] == {} and masked["e"] == []
+    assert "4242" not in repr(masked) and repr(masked).count("'k'") == 64
+    assert mask_json(None) is None and mask_json("x") == "***"

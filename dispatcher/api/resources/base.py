@@ -120,8 +120,7 @@ def _unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def page(rows: list[dict[str, Any]], limit: int,
-          shape: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+def page(rows: list[dict[str, Any]], limit: int, shape: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     # One extra row was fetched only to learn whether another page exists.
     more = len(rows) > limit
     rows = rows[:limit]

@@ -14,16 +14,18 @@ import falcon
 from dispatcher.api import auth, params
 from dispatcher.api.problems import bad_request, not_found, unprocessable
 from dispatcher.api.resources.base import Resource, page, path_action, principal, read
+from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.store import Connection
 from dispatcher.store import deliveries as delivery_store
-from dispatcher.views import delivery_json, timestamp
+from dispatcher.views import delivery_detail_json, delivery_json, timestamp
 
 
-def _shape(who: auth.Principal) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _shape(who: auth.Principal, policy: BreakerPolicy) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Deliveries as ``who`` may see them: a read-only token never sees its endpoint's URL in clear,
-    not even echoed back in a receiver's answer (issue 23, item 5)."""
+    not even echoed back in a receiver's answer (issue 23, item 5).  ``policy`` says which rows
+    their breaker holds."""
     whole = auth.WRITE in who.scopes
-    return lambda row: delivery_json(row, whole)
+    return lambda row: delivery_json(row, policy, whole)
 
 
 class Deliveries(Resource):
@@ -38,7 +40,7 @@ class Deliveries(Resource):
                 until=params.query_timestamp(req, "until"))
             rows = delivery_store.list_deliveries(conn, who.workspace_id, filters, params.cursor(req),
                                                   params.limit(req) + 1)
-            return page(rows, params.limit(req), _shape(who))
+            return page(rows, params.limit(req), _shape(who, self.ctx.breaker))
 
         resp.media = read(self.ctx, req, auth.READ, query)
 
@@ -50,7 +52,8 @@ class Delivery(Resource):
         def query(conn: Connection, who: auth.Principal) -> dict[str, Any]:
             ident = params.path_id(delivery_id, "delivery")
             params.only(req)
-            return _shape(who)(delivery_store.get_delivery(conn, who.workspace_id, ident))
+            row = delivery_store.get_delivery(conn, who.workspace_id, ident)
+            return delivery_detail_json(row, self.ctx.breaker, auth.WRITE in who.scopes)
 
         resp.media = read(self.ctx, req, auth.READ, query)
 
@@ -63,7 +66,7 @@ class Replay(Resource):
             row = delivery_store.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
-        resp.media = delivery_json(row, whole_url=True)  # replaying takes write scope
+        resp.media = delivery_json(row, self.ctx.breaker, whole_url=True)  # replaying takes write scope
 
 
 class EventDeliveries(Resource):
@@ -80,7 +83,7 @@ class EventDeliveries(Resource):
             # An event with no endpoint subscribed has no rows but does exist.
             if not rows and before is None and not delivery_store.event_exists(conn, who.workspace_id, event):
                 raise not_found(f"event {event[:80]!r} does not exist")
-            return page(rows, limit, _shape(who))
+            return page(rows, limit, _shape(who, self.ctx.breaker))
 
         resp.media = {"event_id": event_id, **read(self.ctx, req, auth.READ, query)}
 

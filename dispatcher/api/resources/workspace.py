@@ -17,7 +17,7 @@ class WorkspaceSettings(Resource):
         with session(self.ctx, req, auth.READ) as (conn, who):
             params.only(req)
             owner, notify_url, confirmed = store.workspace_contacts(conn, who.workspace_id)
-        resp.media = workspace_json(owner, notify_url, auth.WRITE in who.scopes, confirmed)
+        resp.media = workspace_json(who.workspace_id, owner, notify_url, auth.WRITE in who.scopes, confirmed)
 
     def on_patch(self, req: falcon.Request, resp: falcon.Response) -> None:
         who = principal(self.ctx, req, auth.WRITE)
@@ -28,4 +28,4 @@ class WorkspaceSettings(Resource):
             store.set_workspace_contacts(
                 conn, who.workspace_id, body.get("owner_contact"), body.get("notify_webhook_url"), who.token_id)
             owner, notify_url, confirmed = store.workspace_contacts(conn, who.workspace_id)
-        resp.media = workspace_json(owner, notify_url, True, confirmed)
+        resp.media = workspace_json(who.workspace_id, owner, notify_url, True, confirmed)
