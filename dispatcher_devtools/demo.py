@@ -11,6 +11,7 @@ progress every second until every deliverable row is delivered.  Rows for the
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -158,11 +159,32 @@ def _summary(conn: store.Connection, ids: dict[str, int], receiver: ReceiverProc
     return ExitCode.OK
 
 
+def _events(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of events")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    # 0 or less never produces the last event, and the demo would wait for it forever.
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of events per second")
+    return value
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dispatcher-demo", description=__doc__.splitlines()[0].strip("`"))
     parser.add_argument("-c", "--config", required=True, help="the dispatcher's YAML config (config/local.yaml)")
-    parser.add_argument("--events", type=int, default=2000, help="events to produce (default: %(default)s)")
-    parser.add_argument("--rate", type=float, default=200.0, help="events per second (default: %(default)s)")
+    parser.add_argument("--events", type=_events, default=2000, help="events to produce (default: %(default)s)")
+    parser.add_argument("--rate", type=_rate, default=200.0, help="events per second (default: %(default)s)")
     return parser.parse_args(argv)
 
 
