@@ -435,3 +435,25 @@ def test_the_demo_refuses_a_count_or_rate_it_could_never_finish(tmp_path: Path, 
     result = run([str(REPO / "bin" / "dispatcher-demo"), "-c", str(REPO / "config" / "local.yaml"), option, value],
                  cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
     usage_error(result, option, value)
+
+
+def test_a_demo_rerun_starts_from_a_clean_demo_workspace(db: Database, write_config: WriteConfig) -> None:
+    # Each run deleted the last run's endpoints and left their pending rows: 12,665 after four runs.
+    from dispatcher.config import load_config
+    from dispatcher.producer import WebhookSender
+    from dispatcher_devtools import demo
+    from dispatcher_devtools.receiver import ReceiverProcess
+
+    sender = WebhookSender(load_config(write_config(db)))
+    conn = store.connect(db.dsn)
+    try:
+        with ReceiverProcess() as receiver:
+            first = demo.seed(conn, receiver, demo.endpoint_secrets())
+            demo._produce(sender, conn, 3)
+            second = demo.seed(conn, receiver, demo.endpoint_secrets())
+    finally:
+        conn.close()
+    assert db.query("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'") == [(0,)]
+    assert db.query("SELECT status, last_error, count(*) FROM webhook_deliveries GROUP BY 1, 2") == [
+        ("failed", "endpoint deleted", 3 * len(first))]
+    assert sorted(row[0] for row in db.query("SELECT id FROM webhook_endpoints")) == sorted(second.values())
