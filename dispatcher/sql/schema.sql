@@ -241,6 +241,15 @@ CREATE TABLE alert_episodes (
     CONSTRAINT alert_episodes_alert_check CHECK ((alert = 'backlog'::text))
 );
 
+CREATE TABLE fleet_stops (
+    region     text NOT NULL,
+    stopped_at timestamp with time zone DEFAULT now() NOT NULL,
+    how        text NOT NULL,
+    host       text NOT NULL,
+    pid        integer NOT NULL,
+    CONSTRAINT fleet_stops_pkey PRIMARY KEY (region)
+);
+
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
