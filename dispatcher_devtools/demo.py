@@ -154,6 +154,9 @@ def run_demo(config: Config, events: int, rate: float) -> int:
     with ReceiverProcess(secrets=list(secrets.values())) as receiver:
         ids = seed(conn, receiver, secrets)
         print(f"[demo] receiver on {receiver.base_url}; endpoints {ids}", flush=True)
+        # Every path that makes a secret shows it once (docs/decisions.md, "Own secret per endpoint").
+        print("[demo] each endpoint signs with its own secret, shown this once (the receiver verifies with them): "
+              + ", ".join(f"{name} {secrets[name]}" for name in ENDPOINTS), flush=True)
         log_path = Path(config.database.embedded_dir).parent / "demo-dispatcher.log"
         dispatcher = _start_dispatcher(config, dsn, log_path)
         print(f"[demo] dispatcher started: one worker per core; its log (one line per attempt) is {log_path}",

@@ -87,6 +87,10 @@ def test_the_demo_stops_everything_it_started(db: Database, write_config, tmp_pa
         text = output.decode(errors="replace")
         assert demo.returncode == 128 + (signal.SIGTERM if how.startswith("TERM") else signal.SIGHUP), text
         assert "Traceback" not in text, text
+        # The secrets it made are shown, once, and it says so.
+        (shown,) = [line for line in text.splitlines() if "shown this once" in line]
+        stored = [secret for (secret,) in db.query("SELECT secret FROM webhook_endpoints")]
+        assert len(stored) == 5 and all(secret in shown for secret in stored), shown
     finally:
         # Whatever failed, leave nothing running: the demo and everything it started.
         for pid in (started | descendants(demo.pid)) - {os.getpid()}:
