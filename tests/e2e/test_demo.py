@@ -59,7 +59,12 @@ def delivered(db: Database) -> bool:
     return bool(db.query("SELECT 1 FROM webhook_deliveries WHERE status = 'delivered' LIMIT 1"))
 
 
-@pytest.mark.parametrize("how", ["TERM to the demo", "HUP to its process group (terminal lost)"])
+STOPS = {"TERM to the demo": (signal.SIGTERM, False, 128 + signal.SIGTERM),
+         "HUP to its process group (terminal lost)": (signal.SIGHUP, True, 128 + signal.SIGHUP),
+         "INT to its process group (Ctrl-C)": (signal.SIGINT, True, 130)}
+
+
+@pytest.mark.parametrize("how", sorted(STOPS))
 def test_the_demo_stops_everything_it_started(db: Database, write_config, tmp_path: Path,  # type: ignore[no-untyped-def]
                                               how: str) -> None:
     config = write_config(db, workers={"processes": 2}, database={"embedded_dir": str(tmp_path / "pgdata")})
@@ -75,17 +80,18 @@ def test_the_demo_stops_everything_it_started(db: Database, write_config, tmp_pa
         # receiver, supervisor and its two workers at least (each may have helpers of its own)
         started = wait_until(lambda: _at_least(4, descendants(demo.pid)), timeout=60,
                                        message="the demo's processes")
-        if how.startswith("TERM"):
-            demo.send_signal(signal.SIGTERM)
+        signum, to_group, code = STOPS[how]
+        if to_group:
+            os.killpg(demo.pid, signum)
         else:
-            os.killpg(demo.pid, signal.SIGHUP)
+            demo.send_signal(signum)
         output, _ = demo.communicate(timeout=120)
         left = wait_until(lambda: not {pid for pid in started if alive(pid)} or None, timeout=60,
                           message=f"every process the demo started to stop; still running: "
                                   f"{sorted(pid for pid in started if alive(pid))}")
         assert left
         text = output.decode(errors="replace")
-        assert demo.returncode == 128 + (signal.SIGTERM if how.startswith("TERM") else signal.SIGHUP), text
+        assert demo.returncode == code, text
         assert "Traceback" not in text, text
         # The secrets it made are shown, once, and it says so.
         (shown,) = [line for line in text.splitlines() if "shown this once" in line]
