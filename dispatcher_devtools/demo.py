@@ -11,6 +11,7 @@ progress every second until every deliverable row is delivered.  Rows for the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import signal
@@ -243,7 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_command(demo, "dispatcher-demo", args.config)
     except Stopped as stopped:
-        print(f"[demo] {stopped}: stopped the dispatcher and the receiver", file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # after a hangup there may be no terminal left to tell
+            print(f"[demo] {stopped}: stopped the dispatcher and the receiver", file=sys.stderr, flush=True)
         return 128 + stopped.signum
 
 
