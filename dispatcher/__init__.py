@@ -11,17 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 from dispatcher.version import __version__
 
-__all__ = ["Event", "StoredEvent", "WebhookSender", "load_config", "__version__"]
+__all__ = ["Event", "StoredEvent", "WebhookSender", "connect", "load_config", "__version__"]
 
 if TYPE_CHECKING:
     from dispatcher.config import load_config
     from dispatcher.producer import Event, StoredEvent, WebhookSender
+    from dispatcher.runtime.embedded import connect
 
 _LAZY = {
     "Event": "dispatcher.producer",
     "StoredEvent": "dispatcher.producer",
     "WebhookSender": "dispatcher.producer",
     "load_config": "dispatcher.config",
+    # Opens a connection from a config, starting the embedded server if configured (README, "Producer API").
+    "connect": "dispatcher.runtime.embedded",
 }
 
 

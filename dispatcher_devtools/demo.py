@@ -11,6 +11,8 @@ progress every second until every deliverable row is delivered.  Rows for the
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -78,12 +80,53 @@ def _counts(conn: store.Connection, endpoint_ids: list[int]) -> dict[str, int]:
     return store.delivery_status_counts(conn, endpoint_ids)
 
 
+class Stopped(BaseException):
+    """The demo was told to stop (TERM, or HUP: its terminal is gone); a BaseException so that
+    no ``except Exception`` on the way swallows it and every ``finally`` stops what was started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    """TERM and HUP stop the demo as Ctrl-C does: killed without this, it left its dispatcher running."""
+    def stop(signum: int, frame: object) -> None:
+        # Once: the clean-up that follows must not be cut short by a second signal.
+        for other in STOP_SIGNALS:
+            signal.signal(other, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 def _start_dispatcher(config: Config, dsn: str, log_path: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, **{DSN_ENV: dsn})
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # Its own session: the terminal's signals (a hangup, Ctrl-C) reach the demo
+    # alone, which stops the supervisor with TERM; a HUP reaching the supervisor
+    # directly made it reload its workers instead of stopping.
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "dispatcher.cli", "-c", config.source, "run"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _stop_dispatcher(dispatcher: subprocess.Popen[bytes], grace: float) -> None:
+    """TERM (graceful: in-flight sends finish, unsent rows go back), then KILL to the whole group."""
+    if dispatcher.poll() is not None:
+        return
+    dispatcher.send_signal(signal.SIGTERM)
+    try:
+        dispatcher.wait(grace)
+    except subprocess.TimeoutExpired:
+        print(f"[demo] the dispatcher did not stop within {grace:.0f}s; killing it and its workers", file=sys.stderr)
+        os.killpg(dispatcher.pid, signal.SIGKILL)  # its own session: the group is the supervisor's
+        dispatcher.wait()
 
 
 def _produce(sender: WebhookSender, conn: store.Connection, count: int) -> None:
@@ -112,6 +155,9 @@ def run_demo(config: Config, events: int, rate: float) -> int:
     with ReceiverProcess(secrets=list(secrets.values())) as receiver:
         ids = seed(conn, receiver, secrets)
         print(f"[demo] receiver on {receiver.base_url}; endpoints {ids}", flush=True)
+        # Every path that makes a secret shows it once (docs/decisions.md, "Own secret per endpoint").
+        print("[demo] each endpoint signs with its own secret, shown this once (the receiver verifies with them): "
+              + ", ".join(f"{name} {secrets[name]}" for name in ENDPOINTS), flush=True)
         log_path = Path(config.database.embedded_dir).parent / "demo-dispatcher.log"
         dispatcher = _start_dispatcher(config, dsn, log_path)
         print(f"[demo] dispatcher started: one worker per core; its log (one line per attempt) is {log_path}",
@@ -119,9 +165,7 @@ def run_demo(config: Config, events: int, rate: float) -> int:
         try:
             return _drive(config, conn, dispatcher, receiver, ids, events, rate)
         finally:
-            if dispatcher.poll() is None:
-                dispatcher.send_signal(signal.SIGTERM)
-                dispatcher.wait(60)
+            _stop_dispatcher(dispatcher, config.workers.graceful_timeout + 30.0)
 
 
 def _drive(config: Config, conn: store.Connection, dispatcher: subprocess.Popen[bytes],
@@ -158,11 +202,32 @@ def _summary(conn: store.Connection, ids: dict[str, int], receiver: ReceiverProc
     return ExitCode.OK
 
 
+def _events(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of events")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    # 0 or less never produces the last event, and the demo would wait for it forever.
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of events per second")
+    return value
+
+
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dispatcher-demo", description=__doc__.splitlines()[0].strip("`"))
     parser.add_argument("-c", "--config", required=True, help="the dispatcher's YAML config (config/local.yaml)")
-    parser.add_argument("--events", type=int, default=2000, help="events to produce (default: %(default)s)")
-    parser.add_argument("--rate", type=float, default=200.0, help="events per second (default: %(default)s)")
+    parser.add_argument("--events", type=_events, default=2000, help="events to produce (default: %(default)s)")
+    parser.add_argument("--rate", type=_rate, default=200.0, help="events per second (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -175,7 +240,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with store.translated():
             return run_demo(config, args.events, args.rate)
 
-    return run_command(demo, "dispatcher-demo", args.config)
+    _stop_on_signals()
+    try:
+        return run_command(demo, "dispatcher-demo", args.config)
+    except Stopped as stopped:
+        with contextlib.suppress(OSError):  # after a hangup there may be no terminal left to tell
+            print(f"[demo] {stopped}: stopped the dispatcher and the receiver", file=sys.stderr, flush=True)
+        return 128 + stopped.signum
 
 
 if __name__ == "__main__":

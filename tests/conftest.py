@@ -39,20 +39,50 @@ _counter = itertools.count()
 TestDatabase = Database
 
 
+def _embedded_data_dir() -> Path:
+    return Path(os.environ.get("DISPATCHER_TEST_PGDATA", REPO / ".dispatcher" / "test-pgdata")).resolve()
+
+
+_EMBEDDED_WAS_RUNNING = pytest.StashKey[bool]()
+
+
+def _owns_the_embedded_server(config: pytest.Config) -> bool:
+    """The run (not an xdist worker) that may start the embedded server: no DISPATCHER_TEST_DSN."""
+    return not os.environ.get("DISPATCHER_TEST_DSN") and not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _owns_the_embedded_server(session.config):
+        from dispatcher.runtime.embedded import server_pid
+
+        session.config.stash[_EMBEDDED_WAS_RUNNING] = server_pid(_embedded_data_dir()) is not None
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the embedded server if this run started it (its xdist workers share it, and end first); one that
+    was running before the run was someone else's and keeps running."""
+    if _owns_the_embedded_server(session.config) and not session.config.stash.get(_EMBEDDED_WAS_RUNNING, True):
+        from dispatcher.runtime.embedded import stop_embedded
+
+        with FileLock(_embedded_data_dir().parent / f"{_embedded_data_dir().name}.start.lock"):
+            stop_embedded(_embedded_data_dir())
+
+
 @pytest.fixture(scope="session")
 def pg_server_dsn() -> str:
     """The test server's DSN: ``DISPATCHER_TEST_DSN``, else the embedded server's.
 
     pytest-xdist runs one session per worker, so several may ask at once: a file
     lock beside the data directory lets the first start (or initialise) the one
-    shared server and the others reuse it; it stays up for the next session.
+    shared server and the others reuse it; the run that started it stops it at
+    its end (``pytest_sessionfinish``).
     """
     dsn = os.environ.get("DISPATCHER_TEST_DSN")
     if dsn:
         return dsn
     from dispatcher.runtime.embedded import start_embedded
 
-    data_dir = Path(os.environ.get("DISPATCHER_TEST_PGDATA", REPO / ".dispatcher" / "test-pgdata")).resolve()
+    data_dir = _embedded_data_dir()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(data_dir.parent / f"{data_dir.name}.start.lock"):
         return start_embedded(data_dir)

@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dispatcher import store
-from dispatcher.cli import gate, manage, replay, rollout
+from dispatcher.cli import embedded, gate, manage, replay, rollout
 from dispatcher.config import Config, load_config
-from dispatcher.runtime.embedded import resolve_dsn
+from dispatcher.runtime.embedded import connect
 from dispatcher.runtime.entry import run_command
 from dispatcher.runtime.exitcodes import ExitCode, UsageError
 from dispatcher.runtime.logsetup import quiet_libraries
@@ -105,11 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_parsers(commands)
     gate.add_parser(commands)
     replay.add_parser(commands)
+    embedded.add_parser(commands)
     return parser
 
 
 def _connect(config: Config) -> store.Connection:
-    return store.connect(resolve_dsn(config.database), config.database.connect_timeout, "dispatcher-cli")
+    return connect(config, "dispatcher-cli")
 
 
 def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
@@ -152,6 +153,12 @@ def cmd_workspace(config: Config, args: argparse.Namespace) -> int:
     secret = new_secret() if given is None else given
     existed = store.create_workspace(_connect(config), args.id, secret, dict(args.flag))
     print(f"workspace {args.id} {'updated' if existed else 'created'}")
+    if given is None and not existed:
+        # A secret nobody has seen verifies nothing: the one we made is shown this
+        # once (an existing workspace keeps its own, so there is nothing new to show).
+        print(secret)
+        print(f"workspace {args.id} signs its breaker notices to --notify-url with its own secret (the second "
+              "line), shown this once; each endpoint has its own (endpoint add)", file=sys.stderr)
     return ExitCode.OK
 
 
@@ -233,6 +240,7 @@ COMMANDS: dict[str, Command] = {
     "run": cmd_run, "migrate": cmd_migrate, "api": cmd_api,
     "workspace": cmd_workspace, "endpoint": cmd_endpoint, "token": cmd_token, "status": cmd_status,
     "rollout": rollout.cmd_rollout, "gate": gate.cmd_gate, "replay": cmd_replay,
+    "embedded": embedded.cmd_embedded,
 }
 
 

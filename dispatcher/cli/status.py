@@ -69,7 +69,8 @@ def _check_document(verdict: Verdict, backlog: BacklogFigures | None, fleet: Fle
                 "held_rows": backlog.held_rows, "open_breakers": backlog.open_breakers},
             "fleet": None if fleet is None else {
                 "workers_alive": fleet.workers_alive, "heartbeat_age": fleet.heartbeat_age,
-                "leader_age": fleet.leader_age}}
+                "leader_age": fleet.leader_age, "stopped_age": fleet.stopped_age, "stopped_how": fleet.stopped_how,
+                "rows_waiting": fleet.rows_waiting}}
 
 
 def _evaluate(config_path: str) -> tuple[Verdict, BacklogFigures | None, FleetFigures | None]:
@@ -177,6 +178,9 @@ def status_document(config: Config, raw: dict[str, Any], verdict: Verdict) -> di
                      "heartbeat_at": _iso(p["heartbeat_at"]), "heartbeat_age": _seconds(p["heartbeat_age"]),
                      "in_flight": p["in_flight"], "leader": bool(p["leader"])} for p in processes],
         "silent_processes": len(raw["processes"]) - len(processes),
+        "last_stop": None if raw["last_stop"] is None else {
+            "stopped_at": _iso(raw["last_stop"]["stopped_at"]), "how": raw["last_stop"]["how"],
+            "host": raw["last_stop"]["host"], "pid": raw["last_stop"]["pid"]},
     }
 
 
@@ -221,7 +225,10 @@ def render(doc: dict[str, Any]) -> str:
     lines.append("leader     " + ("none" if leader is None else
                                   _cut(f"{leader['owner']} (last round {_when(leader['last_round_at'])})", WIDTH - 11)))
     silent = f", {doc['silent_processes']} silent" if doc["silent_processes"] else ""
-    lines.append(f"workers    {len(doc['workers'])} live{silent}")
+    stop = doc["last_stop"]
+    stopped = "" if stop is None else _cut(f"; last stop {_when(stop['stopped_at'])}, {stop['how']}, "
+                                           f"{stop['host']} pid {stop['pid']}", WIDTH - 30)
+    lines.append(f"workers    {len(doc['workers'])} live{silent}{stopped}")
     if doc["workers"]:
         lines.append(f"  {'HOST':<24} {'PID':>7} {'STARTED':<20} {'BEAT AGO':>8} {'IN FLIGHT':>9} {'':<6}")
         lines += [f"  {_cut(w['host'], 24):<24} {w['pid']:>7} {_when(w['started_at']):<20} "

@@ -62,9 +62,12 @@ class BacklogRule:
 class FleetFigures:
     """The fleet as the database last saw it (``dispatcher_processes``)."""
 
-    heartbeat_age: float | None   # seconds since the freshest worker heartbeat; None: no worker ever beat
+    heartbeat_age: float | None   # seconds since the freshest worker heartbeat; None: no worker row at all
     workers_alive: int            # processes whose heartbeat is within the rule's heartbeat_age
     leader_age: float | None      # seconds since the freshest upkeep round of a leader; None: never
+    stopped_age: float | None = None  # seconds since the region's last clean stop (fleet_stops); None: none
+    stopped_how: str | None = None    # how it stopped, e.g. "TERM: graceful shutdown"
+    rows_waiting: bool = True         # any pending row at all (default: assume so, the alerting side)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +77,7 @@ class FleetRule:
 
     def breaches(self, figures: FleetFigures) -> tuple[Severity, list[str]]:
         if figures.heartbeat_age is None:
-            return Severity.CRITICAL, ["dead fleet: no dispatcher worker has ever recorded a heartbeat"]
+            return self._no_workers(figures)
         if figures.heartbeat_age > self.heartbeat_age:
             return Severity.CRITICAL, [f"dead fleet: no worker heartbeat for {figures.heartbeat_age:.0f}s "
                                        f"(limit {self.heartbeat_age:g}s)"]
@@ -83,6 +86,19 @@ class FleetRule:
             return Severity.WARNING, [f"no upkeep leader: no upkeep round {since} (limit {self.leader_age:g}s); "
                                       "backlog alerts, gauges, sweeps and retention are not running"]
         return Severity.OK, []
+
+    @staticmethod
+    def _no_workers(figures: FleetFigures) -> tuple[Severity, list[str]]:
+        """No worker row: every worker stopped cleanly (a supervisor removes its workers' rows as it stops), or
+        none ever ran.  Either is said as it is; it is CRITICAL only while rows wait, since then nothing
+        delivers them, and otherwise a note (OK): a stopped region with nothing to send harms no one yet."""
+        if figures.stopped_age is None:
+            said = "fleet never run: no dispatcher worker has ever recorded a heartbeat"
+        else:
+            said = f"fleet stopped {figures.stopped_age:.0f}s ago ({figures.stopped_how or 'how unknown'})"
+        if figures.rows_waiting:
+            return Severity.CRITICAL, [f"{said}; pending rows wait and no worker delivers them"]
+        return Severity.OK, [f"{said}; no pending rows"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from dispatcher.runtime.embedded import resolve_dsn
 from dispatcher.runtime.entry import check_schema
 from dispatcher.runtime.exitcodes import ExitCode
 from dispatcher.store.engine import EngineStore, ManagedConnection
+from dispatcher.store.operations import record_stop
 
 log = logging.getLogger("dispatcher.supervisor")
 
@@ -153,7 +154,7 @@ class Supervisor:
                         return code
                 halt = self._reap()
                 if halt is not None:
-                    self._stop(graceful=False)
+                    self._stop(graceful=False, how=f"halted with exit code {halt}: workers could not run")
                     return halt
                 self._kill_stuck()
                 self._spawn_missing()
@@ -163,11 +164,11 @@ class Supervisor:
     def _handle(self, signum: int) -> int | None:
         if signum == signal.SIGTERM:
             log.info("TERM: graceful shutdown")
-            self._stop(graceful=True)
+            self._stop(graceful=True, how="TERM: graceful shutdown")
             return ExitCode.OK
         if signum in (signal.SIGINT, signal.SIGQUIT):
             log.info("%s: fast shutdown", signal.Signals(signum).name)
-            self._stop(graceful=False)
+            self._stop(graceful=False, how=f"{signal.Signals(signum).name[3:]}: fast shutdown")
             return ExitCode.OK
         if signum == signal.SIGHUP:
             self._reload()
@@ -293,7 +294,7 @@ class Supervisor:
 
     # -- shutdown -----------------------------------------------------------
 
-    def _stop(self, graceful: bool) -> None:
+    def _stop(self, graceful: bool, how: str) -> None:
         for worker in self.workers:
             self._signal(worker, signal.SIGTERM if graceful else signal.SIGQUIT)
         grace = self.config.workers.graceful_timeout + 5.0 if graceful else 3.0
@@ -307,6 +308,17 @@ class Supervisor:
             worker.process.wait()
             self._release(worker)
         self.workers.clear()
+        self._record_stop(how)
+
+    def _record_stop(self, how: str) -> None:
+        """Tell status how the fleet stopped: without it, a region whose workers had all left cleanly looked
+        as if none had ever run.  Best effort: a database that is gone costs the record, not the stop."""
+        host, pid = socket.gethostname(), os.getpid()
+        owners = [f"{host}:{pid}:w{n}" for n in range(1, self._spawned + 1)]
+        try:
+            record_stop(self._connection, self.config.region, owners, how, host, pid)
+        except Exception as exc:  # a StoreError or a bounded wait's timeout: the stop goes on
+            log.warning("could not record this stop for status: %s event=stop_not_recorded", exc)
 
     def _reap_quietly(self) -> None:
         for worker in list(self.workers):

@@ -259,14 +259,32 @@ UPDATE webhook_endpoints
 -- engine's own reason (policy.ENDPOINT_DEACTIVATED / ENDPOINT_DELETED).
 -- Rows leased to a worker (a request may be on the wire) are left to the
 -- engine, which ends them with the same reason if they need another attempt.
-UPDATE webhook_deliveries
-   SET status = 'failed', last_error = %(reason)s, finished_at = now(),
-       locked_by = NULL, locked_until = NULL, claim_token = NULL
- WHERE endpoint_id = %(id)s AND status = 'pending' AND dispatcher_unleased(locked_until)
-RETURNING id;
+-- Each ended row gets its history entry, as the engine's ending writes one
+-- (an attempt with no request: no status code, no time on the wire), so its
+-- history says why it ended.
+WITH ended AS (
+    UPDATE webhook_deliveries
+       SET status = 'failed', last_error = %(reason)s, finished_at = now(), attempt = attempt + 1,
+           locked_by = NULL, locked_until = NULL, claim_token = NULL
+     WHERE endpoint_id = %(id)s AND status = 'pending' AND dispatcher_unleased(locked_until)
+    RETURNING id, endpoint_id, attempt
+), history AS (
+    INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, error)
+    SELECT id, endpoint_id, attempt, now(), 0, 'failed', %(reason)s FROM ended
+)
+SELECT id FROM ended;
 
 -- name: api_delete_endpoint
+-- Its breaker goes with it: a deleted endpoint's open breaker is nothing
+-- anyone can close, and status listed it.
+WITH state AS (
+    DELETE FROM endpoint_state WHERE endpoint_id = %(id)s
+)
 DELETE FROM webhook_endpoints WHERE id = %(id)s;
+
+-- name: api_lock_workspace_endpoints
+-- Every endpoint of a workspace, its operational one included, locked for deletion.
+SELECT id FROM webhook_endpoints WHERE workspace_id = %(workspace_id)s ORDER BY id FOR UPDATE;
 
 -- name: api_close_breaker
 -- An operator-style reset: closed, no failures, no deadline; then every

@@ -29,13 +29,33 @@ DELETE FROM dispatcher_processes WHERE heartbeat_at < now() - interval '1 day';
 -- status and check must answer within a bound, even on a struggling database.
 SELECT set_config('statement_timeout', %(ms)s, false);
 
+-- name: operations_stopped
+-- A supervisor stops (migration 0024): its workers' rows go (a fast stop
+-- leaves them, as its workers exit without leaving), and the region's last
+-- stop says when, how and which one.
+WITH gone AS (
+    DELETE FROM dispatcher_processes WHERE owner = ANY (%(owners)s::text[])
+)
+INSERT INTO fleet_stops AS f (region, stopped_at, how, host, pid)
+VALUES (%(region)s, now(), %(how)s, %(host)s, %(pid)s)
+ON CONFLICT (region) DO UPDATE SET stopped_at = now(), how = EXCLUDED.how, host = EXCLUDED.host, pid = EXCLUDED.pid;
+
 -- name: operations_fleet
--- The fleet figures of the health rule (dispatcher/rules/health.py FleetFigures).
-SELECT extract(epoch FROM now() - max(heartbeat_at))::float8 AS heartbeat_age,
-       count(*) FILTER (WHERE heartbeat_at > now() - make_interval(secs => %(alive_within)s)) AS workers_alive,
-       extract(epoch FROM now() - max(leader_at))::float8 AS leader_age
-  FROM dispatcher_processes
- WHERE region = %(region)s;
+-- The fleet figures of the health rule (dispatcher/rules/health.py FleetFigures):
+-- the heartbeats, the region's last clean stop, and whether any row waits.
+SELECT extract(epoch FROM now() - max(p.heartbeat_at))::float8 AS heartbeat_age,
+       count(*) FILTER (WHERE p.heartbeat_at > now() - make_interval(secs => %(alive_within)s)) AS workers_alive,
+       extract(epoch FROM now() - max(p.leader_at))::float8 AS leader_age,
+       (SELECT extract(epoch FROM now() - s.stopped_at)::float8 FROM fleet_stops s
+         WHERE s.region = %(region)s) AS stopped_age,
+       (SELECT s.how FROM fleet_stops s WHERE s.region = %(region)s) AS stopped_how,
+       EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.status = 'pending') AS rows_waiting
+  FROM dispatcher_processes p
+ WHERE p.region = %(region)s;
+
+-- name: operations_last_stop
+-- The region's last clean stop, for status (null: none recorded).
+SELECT stopped_at, how, host, pid FROM fleet_stops WHERE region = %(region)s;
 
 -- name: operations_workers
 -- Every live worker process (heartbeat within alerts.heartbeat_age), and the

@@ -67,12 +67,6 @@ SELECT 1 FROM workspaces WHERE id = %(id)s;
 -- name: set_endpoint_active
 UPDATE webhook_endpoints SET active = %(active)s WHERE id = %(id)s RETURNING id;
 
--- name: delete_endpoint
-DELETE FROM webhook_endpoints WHERE id = %(id)s RETURNING id;
-
--- name: delete_workspace_endpoints
-DELETE FROM webhook_endpoints WHERE workspace_id = %(workspace_id)s;
-
 -- name: delivery_status_counts
 SELECT status, count(*) FROM webhook_deliveries
  WHERE endpoint_id = ANY (%(endpoint_ids)s::bigint[])

@@ -284,6 +284,15 @@ CREATE TABLE replay_jobs (
     CONSTRAINT replay_jobs_replay_units_check CHECK ((replay_units >= 0))
 );
 
+CREATE TABLE fleet_stops (
+    region     text NOT NULL,
+    stopped_at timestamp with time zone DEFAULT now() NOT NULL,
+    how        text NOT NULL,
+    host       text NOT NULL,
+    pid        integer NOT NULL,
+    CONSTRAINT fleet_stops_pkey PRIMARY KEY (region)
+);
+
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;

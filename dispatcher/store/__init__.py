@@ -267,15 +267,12 @@ def set_endpoint_active(conn: Connection, endpoint_id: int, active: bool) -> Non
         raise limit_or(exc) from None
 
 
-def delete_endpoint(conn: Connection, endpoint_id: int) -> None:
-    with transaction(conn):
-        if not run_query(conn, "delete_endpoint", {"id": endpoint_id}):
-            raise NotFound(f"endpoint {endpoint_id} does not exist")
+def delete_workspace_endpoints(conn: Connection, workspace_id: str) -> list[int]:
+    """Delete every endpoint of the workspace as ``endpoints.delete_endpoint`` deletes one: pending rows
+    end failed (``policy.ENDPOINT_DELETED``), never left for no one to deliver or see.  Returns the ids."""
+    from dispatcher.store.endpoints import delete_workspace_endpoints as delete_all
 
-
-def delete_workspace_endpoints(conn: Connection, workspace_id: str) -> None:
-    with transaction(conn):
-        run_query(conn, "delete_workspace_endpoints", {"workspace_id": workspace_id})
+    return delete_all(conn, workspace_id)
 
 
 def delivery_status_counts(conn: Connection, endpoint_ids: Sequence[int]) -> dict[str, int]:

@@ -97,12 +97,26 @@ def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int
 
 
 def delete_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None) -> None:
-    """Delete the endpoint; its pending rows not in flight end ``policy.ENDPOINT_DELETED``."""
+    """Delete the endpoint and its breaker; its pending rows not in flight end ``policy.ENDPOINT_DELETED``,
+    each with a history entry."""
     with transaction(conn):
         old = _locked_endpoint(conn, workspace_id, endpoint_id)
-        ended = _end_pending(conn, endpoint_id, ENDPOINT_DELETED)
-        run_query(conn, "api_delete_endpoint", {"id": endpoint_id})
-        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.delete", endpoint_id, ended, {}))
+        _delete(conn, old["workspace_id"], endpoint_id, token_id)
+
+
+def delete_workspace_endpoints(conn: Connection, workspace_id: str) -> list[int]:
+    """Delete every endpoint of the workspace, each as :func:`delete_endpoint` does (an operator's: no token)."""
+    with transaction(conn):
+        ids = [int(row[0]) for row in run_query(conn, "api_lock_workspace_endpoints", {"workspace_id": workspace_id})]
+        for endpoint_id in ids:
+            _delete(conn, workspace_id, endpoint_id, None)
+    return ids
+
+
+def _delete(conn: Connection, workspace_id: str, endpoint_id: int, token_id: int | None) -> None:
+    ended = _end_pending(conn, endpoint_id, ENDPOINT_DELETED)
+    run_query(conn, "api_delete_endpoint", {"id": endpoint_id})
+    audit(conn, Audit(workspace_id, token_id, "endpoint.delete", endpoint_id, ended, {}))
 
 
 def _end_pending(conn: Connection, endpoint_id: int, reason: str) -> list[int]:

@@ -51,6 +51,13 @@ class Presence:
             return int(cur.rowcount)
 
 
+def record_stop(conn: ManagedConnection, region: str, owners: list[str], how: str, host: str, pid: int) -> None:
+    """A supervisor stopped: remove its workers' rows and record the region's last stop (migration 0024)."""
+    with conn.statement() as cur:
+        cur.execute(QUERIES["operations_stopped"], {"owners": owners, "region": region, "how": how, "host": host,
+                                                    "pid": pid})
+
+
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     """What the reads need from the configuration."""
@@ -69,7 +76,8 @@ def _begin(conn: Connection, timeout: float) -> None:
 def _fleet(conn: Connection, limits: Thresholds) -> FleetFigures:
     (row,) = query_rows(conn, "operations_fleet", {"region": limits.region, "alive_within": limits.heartbeat_age})
     return FleetFigures(heartbeat_age=row["heartbeat_age"], workers_alive=int(row["workers_alive"]),
-                        leader_age=row["leader_age"])
+                        leader_age=row["leader_age"], stopped_age=row["stopped_age"],
+                        stopped_how=row["stopped_how"], rows_waiting=bool(row["rows_waiting"]))
 
 
 def health_figures(conn: Connection, limits: Thresholds) -> tuple[BacklogFigures, FleetFigures]:
@@ -101,4 +109,5 @@ def region_status(conn: Connection, limits: Thresholds) -> dict[str, Any]:
             "breakers": query_rows(conn, "operations_breakers"),
             "top_failing": query_rows(conn, "operations_top_failing"),
             "processes": processes,
+            "last_stop": next(iter(query_rows(conn, "operations_last_stop", {"region": limits.region})), None),
         }

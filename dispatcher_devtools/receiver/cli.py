@@ -23,16 +23,20 @@ def _listen_address(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-def _package_doc() -> str:
-    # The usage text lives in the package docstring, which the help repeats.
+def _package_doc() -> tuple[str, str]:
+    """The package docstring's first line, and the rest: the notes the help prints after the options."""
     import dispatcher_devtools.receiver as package
 
-    return package.__doc__ or "Mock webhook receiver."
+    first, _, rest = (package.__doc__ or "Mock webhook receiver.").strip().partition("\n")
+    return first, rest.strip()
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    # Usage and options first, then the package notes (about 70 lines): a reader
+    # of --help wants the options, which used to come after all of them.
+    summary, notes = _package_doc()
     parser = argparse.ArgumentParser(
-        prog="python -m dispatcher_devtools.receiver", description=_package_doc(),
+        prog="python -m dispatcher_devtools.receiver", description=summary, epilog=notes,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--listen", type=_listen_address, default=("127.0.0.1", 0), help="HOST:PORT (port 0: pick one)")

@@ -198,13 +198,17 @@ def workspace_row(db: Database, workspace_id: str) -> tuple[Any, ...] | None:
 
 class TestWorkspace:
     def test_create_with_flag(self, db: Database, config: Path) -> None:
-        out = ok(cli("-c", config, "workspace", "create", "--id", "W", "--flag", "webhook_outbox=on"))
-        assert out.strip() == "workspace W created"
+        result = cli("-c", config, "workspace", "create", "--id", "W", "--flag", "webhook_outbox=on")
+        created, shown = ok(result).splitlines()
+        assert created == "workspace W created"
         row = workspace_row(db, "W")
         assert row is not None
         secret, flags = row
         assert flags == {"webhook_outbox": True}
         assert secret.startswith("whsec_") and len(secret_key(secret)) >= 24  # a valid, random key
+        # The secret it made is shown, once, and it says so.
+        assert shown == secret and "shown this once" in result.stderr
+        assert ok(cli("-c", config, "workspace", "create", "--id", "W")).strip() == "workspace W updated"
 
     def test_generated_secrets_differ(self, db: Database, config: Path) -> None:
         ok(cli("-c", config, "workspace", "create", "--id", "a"))
@@ -422,3 +426,34 @@ def test_the_demo_gives_each_endpoint_its_own_secret(db: Database) -> None:
     stored = dict(db.query("SELECT id, secret FROM webhook_endpoints"))
     assert {name: stored[ids[name]] for name in demo.ENDPOINTS} == secrets
     assert len(set(secrets.values())) == len(demo.ENDPOINTS)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--events", "-5"), ("--events", "0"), ("--events", "many"),
+                                               ("--rate", "0"), ("--rate", "-1"), ("--rate", "nan")])
+def test_the_demo_refuses_a_count_or_rate_it_could_never_finish(tmp_path: Path, option: str, value: str) -> None:
+    # --events -5 or --rate 0 used to run forever, waiting for events that never come.
+    result = run([str(REPO / "bin" / "dispatcher-demo"), "-c", str(REPO / "config" / "local.yaml"), option, value],
+                 cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
+    usage_error(result, option, value)
+
+
+def test_a_demo_rerun_starts_from_a_clean_demo_workspace(db: Database, write_config: WriteConfig) -> None:
+    # Each run deleted the last run's endpoints and left their pending rows: 12,665 after four runs.
+    from dispatcher.config import load_config
+    from dispatcher.producer import WebhookSender
+    from dispatcher_devtools import demo
+    from dispatcher_devtools.receiver import ReceiverProcess
+
+    sender = WebhookSender(load_config(write_config(db)))
+    conn = store.connect(db.dsn)
+    try:
+        with ReceiverProcess() as receiver:
+            first = demo.seed(conn, receiver, demo.endpoint_secrets())
+            demo._produce(sender, conn, 3)
+            second = demo.seed(conn, receiver, demo.endpoint_secrets())
+    finally:
+        conn.close()
+    assert db.query("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'") == [(0,)]
+    assert db.query("SELECT status, last_error, count(*) FROM webhook_deliveries GROUP BY 1, 2") == [
+        ("failed", "endpoint deleted", 3 * len(first))]
+    assert sorted(row[0] for row in db.query("SELECT id FROM webhook_endpoints")) == sorted(second.values())

@@ -95,3 +95,79 @@ def test_missing_pgserver_is_a_clear_error(tmp_path: Path) -> None:
                             text=True, timeout=60)
     assert result.returncode != 0
     assert f"{EmbeddedUnavailable.__name__}: database.dsn is 'embedded' but pgserver is not installed" in result.stderr
+
+
+def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dispatcher.cli", "-c", str(config), *args], cwd=REPO,
+                          env=environment(), capture_output=True, text=True, timeout=120)
+
+
+ANNOUNCEMENT = "dispatcher: embedded Postgres in"
+
+
+def test_the_server_is_announced_on_its_start_and_under_v_only(data_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "embedded.yaml"
+    config.write_text(yaml.safe_dump({"database": {"dsn": "embedded", "embedded_dir": str(data_dir)}}))
+    started = cli(config, "migrate")
+    assert started.returncode == 0, started.stderr
+    assert ANNOUNCEMENT in started.stderr  # news: this command started it
+    reused = cli(config, "workspace", "create", "--id", "w", "--secret", "a-secret-of-24-bytes-or-more")
+    assert reused.returncode == 0, reused.stderr
+    assert ANNOUNCEMENT not in reused.stderr, reused.stderr  # every later command was a 230-character line
+    verbose = cli(config, "-v", "workspace", "create", "--id", "w")
+    assert verbose.returncode == 0 and ANNOUNCEMENT in verbose.stderr, verbose.stderr
+
+
+def test_embedded_status_stop_and_reset(data_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "embedded.yaml"
+    config.write_text(yaml.safe_dump({"database": {"dsn": "embedded", "embedded_dir": str(data_dir)}}))
+    stopped = cli(config, "embedded", "status")
+    assert (stopped.returncode, stopped.stdout.strip()) == (1, f"embedded Postgres in {data_dir}: stopped")
+    run(data_dir, "kept")
+    running = cli(config, "embedded", "status")
+    assert running.returncode == 0 and "running (pid " in running.stdout, running.stdout
+    pid = int(running.stdout.split("pid ")[1].split(")")[0])
+
+    assert cli(config, "embedded", "stop").stdout.strip() == f"embedded Postgres in {data_dir}: stopped"
+    assert not _alive(pid)
+    assert cli(config, "embedded", "status").returncode == 1
+    assert cli(config, "embedded", "stop").stdout.strip() == f"embedded Postgres in {data_dir}: was not running"
+    assert run(data_dir)["workspaces"] == ["kept"]  # stop keeps the data
+
+    refused = cli(config, "embedded", "reset")
+    assert refused.returncode == 2 and "--yes" in refused.stderr and data_dir.exists()
+    reset = cli(config, "embedded", "reset", "--yes")
+    assert reset.returncode == 0, reset.stderr
+    assert not data_dir.exists() and cli(config, "embedded", "status").returncode == 1
+    assert run(data_dir)["workspaces"] == []  # the next start is an empty database
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie, exited but not yet reaped by its adopter, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+SUITE_SAMPLE = "tests/integration/test_event_id_rule.py::test_an_id_over_the_limit_is_not_looked_up"
+
+
+def _suite_sample(data_dir: Path, *options: str) -> None:
+    env = environment()
+    env.pop("DISPATCHER_TEST_DSN", None)
+    env["DISPATCHER_TEST_PGDATA"] = str(data_dir)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, SUITE_SAMPLE],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_the_suite_stops_the_embedded_server_it_started_and_only_that(data_dir: Path) -> None:
+    from dispatcher.runtime.embedded import server_pid
+
+    _suite_sample(data_dir, "-n", "2")
+    assert (data_dir / "PG_VERSION").exists(), "the sample run used the embedded server"
+    assert server_pid(data_dir) is None, "the run left the embedded server it started running"
+    run(data_dir)  # a server someone else started is theirs: the suite leaves it running
+    _suite_sample(data_dir)
+    assert server_pid(data_dir) is not None

@@ -570,3 +570,15 @@ def test_tls_handshakes_are_counted_once_per_connection(tls_files: tuple[trustme
     # The delivery connection and this stats request's own connection.
     assert stats["tls_handshakes"] - before == 2 and stats["tls_resumed"] == 0
     assert stats["total"] == 3
+
+
+def test_help_shows_usage_and_options_before_the_package_notes() -> None:
+    result = subprocess.run([sys.executable, "-m", "dispatcher_devtools.receiver", "--help"], capture_output=True,
+                            text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("usage: python -m dispatcher_devtools.receiver")
+    options = next(n for n, line in enumerate(lines) if line.strip().startswith("--listen"))
+    # The notes (about 70 lines of the package docstring) used to come between the usage and the options.
+    assert options < 25, result.stdout
+    assert len(lines) > options + 40, "the package notes still follow the options"

@@ -22,7 +22,7 @@ UNREACHABLE_DSN = "host=127.0.0.1 port=1 dbname=nowhere user=postgres connect_ti
 FAST = {"workers": {"processes": 2, "status_interval": "200ms"},
         "alerts": {"check_interval": "200ms", "heartbeat_age": "2s", "leader_age": "2s"}}
 STATUS_KEYS = {"version", "region", "generated_at", "health", "pending", "backlog", "oldest_due", "statuses",
-               "breakers", "top_failing", "leader", "workers", "silent_processes"}
+               "breakers", "top_failing", "leader", "workers", "silent_processes", "last_stop"}
 WORKER_KEYS = {"owner", "host", "pid", "started_at", "heartbeat_at", "heartbeat_age", "in_flight", "leader"}
 
 
@@ -114,6 +114,38 @@ def test_a_graceful_stop_removes_the_rows(db, write_config, tmp_path: Path) -> N
     assert kit.query(db.dsn, "SELECT count(*) FROM dispatcher_processes") == [(0,)]
 
 
+@pytest.mark.parametrize(("signum", "how"), [(signal.SIGTERM, "TERM: graceful shutdown"),
+                                             (signal.SIGINT, "INT: fast shutdown")])
+def test_a_stopped_fleet_is_reported_as_stopped_not_as_never_run(db, write_config, tmp_path: Path,
+                                                                 signum: int, how: str) -> None:
+    config = write_config(db, **FAST)
+    code, never = check(config)
+    assert (code, never["problems"]) == (0, ["fleet never run: no dispatcher worker has ever recorded a heartbeat; "
+                                             "no pending rows"])
+    dispatcher = kit.Dispatcher(config, tmp_path / "d.log")
+    try:
+        dispatcher.__enter__()
+        kit.wait_until(lambda: len(status(config)["workers"]) == 2, message="two live workers")
+        dispatcher.process.send_signal(signum)  # type: ignore[union-attr]
+        assert dispatcher.process.wait(60) == 0  # type: ignore[union-attr]
+    finally:
+        dispatcher.stop()
+    # It said "dead fleet: no dispatcher worker has ever recorded a heartbeat" right after a clean stop.
+    document = status(config)
+    assert document["workers"] == [] and document["silent_processes"] == 0
+    stop = document["last_stop"]
+    assert stop["how"] == how and stop["pid"] == dispatcher.process.pid  # type: ignore[union-attr]
+    assert document["health"]["status"] == "OK"
+    assert document["health"]["problems"][0].startswith("fleet stopped ") and how in document["health"]["problems"][0]
+    human = cli("-c", str(config), "status").stdout
+    assert f"last stop {stop['stopped_at'].replace('T', ' ')}, {how}" in human, human
+    # Rows waiting make it an alert again.
+    kit.seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/x"])
+    kit.produce(config, db.dsn, "ws", 1)
+    code, verdict = check(config)
+    assert code == 2 and "fleet stopped" in verdict["problems"][0] and "pending rows wait" in verdict["problems"][0]
+
+
 def test_heartbeat_failures_never_touch_delivery(db, write_config, tmp_path: Path, receiver_url: str) -> None:
     kit.seed_workspace(db.dsn, "ws", [receiver_url])
     config = write_config(db, **FAST)
@@ -161,4 +193,5 @@ def test_check_exit_codes_follow_nagios(db, write_config) -> None:
     assert check(config)[0] == 0
     # Another region's processes are not this region's fleet.
     kit.query(db.dsn, "UPDATE dispatcher_processes SET region = 'elsewhere'")
-    assert check(config)[0] == 2
+    code, verdict = check(config)  # never run here, and nothing waits: said, not an alert
+    assert code == 0 and verdict["problems"][0].startswith("fleet never run")

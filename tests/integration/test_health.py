@@ -47,7 +47,16 @@ def test_backlog_rule(backlog: BacklogFigures, breached: int) -> None:
 
 
 @pytest.mark.parametrize(("fleet", "severity", "words"), [
-    (FleetFigures(None, 0, None), Severity.CRITICAL, "ever recorded a heartbeat"),
+    # No worker row: never run, or every worker stopped cleanly -- an alert only while rows wait.
+    (FleetFigures(None, 0, None), Severity.CRITICAL, "fleet never run: no dispatcher worker has ever recorded a "
+                                                     "heartbeat; pending rows wait"),
+    (FleetFigures(None, 0, None, rows_waiting=False), Severity.OK, "fleet never run"),
+    (FleetFigures(None, 0, None, 73.4, "TERM: graceful shutdown", rows_waiting=True), Severity.CRITICAL,
+     "fleet stopped 73s ago (TERM: graceful shutdown); pending rows wait"),
+    (FleetFigures(None, 0, None, 73.4, "INT: fast shutdown", rows_waiting=False), Severity.OK,
+     "fleet stopped 73s ago (INT: fast shutdown); no pending rows"),
+    # Silent rows outrank an older clean stop: something ran after it and died.
+    (FleetFigures(61.0, 0, 61.0, 3600.0, "TERM: graceful shutdown"), Severity.CRITICAL, "dead fleet"),
     (FleetFigures(61.0, 0, 61.0), Severity.CRITICAL, "dead fleet"),
     (FleetFigures(59.0, 1, 121.0), Severity.WARNING, "no upkeep leader"),
     (FleetFigures(59.0, 1, None), Severity.WARNING, "no upkeep leader"),
