@@ -22,7 +22,7 @@ from benchmarks.harness import load_average, machine
 from dispatcher_devtools.kit.configs import BENCH_SETTINGS_ENV
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
-                               "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot")
+                               "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot", "fairness")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:

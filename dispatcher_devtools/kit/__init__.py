@@ -8,7 +8,8 @@
 * :mod:`.runner`   -- the dispatcher run as in production, in its own process group;
 * :mod:`.logs`     -- structured ``event=NAME`` keys in its log lines;
 * :mod:`.activity` -- :class:`SessionActivity`, statements the dispatcher's sessions finished (pg_stat_activity);
-* :mod:`.replication` -- a primary and a streaming standby on loopback ports (failover, read replicas).
+* :mod:`.replication` -- a primary and a streaming standby on loopback ports (failover, read replicas);
+* :mod:`.tenants`  -- a workspace with its largest answers, a storm of clients asking for them, the API process.
 
 The pytest fixtures stay in ``tests/conftest.py``; they call this kit.
 """

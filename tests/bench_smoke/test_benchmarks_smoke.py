@@ -33,6 +33,7 @@ KEYS = {
     "dbcost": {"postgres_cpu_ms_per_delivery", "claim_cpu_ms_per_delivery", "record_cpu_ms_per_delivery",
                "wal_bytes_per_delivery", "outbox_hot_updates"},
     "hot": {"one_endpoint_10ms", "one_endpoint_fast", "spread_100_vs_1000", "hot_among_999", "errors"},
+    "fairness": {"alone", "during_storm", "p50_ratio", "p99_ratio", "storm", "api_rss"},
 }
 # Scenarios that need what pip's test extra does not bring: why each cannot run here, or None.
 NEEDS = {"peer": missing_tools}
@@ -178,3 +179,11 @@ def test_scaleout_ran_two_supervisors_with_their_own_owner_ids(results: dict[str
     assert [len(pids) for pids in supervisor_pids] == [1, 2]
     assert len(one["owners"]) == len(two["owners"]) == results["scaleout"]["worker_processes"]
     assert one["deliveries"] == two["deliveries"] > 0
+
+
+def test_fairness_times_the_neighbour_alone_and_during_the_storm(results: dict[str, dict]) -> None:
+    fairness = results["fairness"]
+    assert fairness["storm"]["answers"] >= fairness["storm"]["clients"] and fairness["storm"]["not_200"] == 0
+    for phase in ("alone", "during_storm"):
+        assert fairness[phase]["neighbour"]["n"] > 0 and fairness[phase]["healthz"]["n"] > 0
+    assert fairness["api_rss"]["peak_mb"] > 0

@@ -23,6 +23,7 @@ WATCHED = (
     "e2e/faults/test_pgbouncer.py",
     "e2e/faults/test_hostile_clients.py",
     "e2e/faults/test_hostile_receivers.py",
+    "e2e/faults/test_tenant_fairness.py",
 )
 # (file, function): receivers whose behaviour is to be slow.  Each must still sleep.
 RECEIVER_BEHAVIOUR = {
