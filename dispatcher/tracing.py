@@ -1,0 +1,333 @@
+"""OpenTelemetry tracing (issue 26; docs/operations.md, "Tracing"): the one module that touches it.
+
+OpenTelemetry is the optional ``otel`` extra.  With ``tracing.enabled: false``
+(the default) nothing here imports it: ``Tracer.off()`` hands out ``NO_SPAN``,
+whose methods do nothing, and ``current_context`` only looks at
+``sys.modules`` -- a process that never imported OpenTelemetry has no span.
+
+What is traced, and how the spans join up:
+
+* the producer's ``send()`` stores the W3C context (``traceparent``,
+  ``tracestate``) of the span current in the caller, if any, with the event
+  (``events.trace_context``, migration 0022) -- in the statement it runs anyway;
+* each attempt is a span of the delivery's own trace: the first attempt's span
+  is its root (its traceparent is kept on the row by the result write) and the
+  later ones its children, so hours of retries are one trace.  Every attempt
+  *links* to the producer's span (and a replay's to the original delivery's
+  trace): a link, not a parent, as the delivery outlives the request;
+* claim and record batches are spans of their own, linked to the rows they
+  carry (links are right for batches: no fake parent-child);
+* the POST carries the attempt span's ``traceparent``/``tracestate`` unless
+  the endpoint's ``trace_headers`` is off;
+* API requests are server spans (``TracingMiddleware``), children of the
+  caller's ``traceparent`` when it sends one.
+
+Tracing never blocks or breaks delivery: spans are exported by a
+``BatchSpanProcessor`` (a bounded queue, dropped when full, exported off the
+hot path), exporter failures are the SDK's to log and drop, and every call
+here swallows its own errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from dispatcher.config import TracingConfig
+
+log = logging.getLogger("dispatcher.tracing")
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+# At most this many links on a batch span (the SDK keeps 128 by default): a
+# claim of 500 rows links to the first ones, and says how many it carried.
+MAX_BATCH_LINKS = 64
+
+
+def traceparent_of(span_context: Any) -> str:
+    """The W3C ``traceparent`` of an OpenTelemetry SpanContext."""
+    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{int(span_context.trace_flags):02x}"
+
+
+def _carrier(span_context: Any) -> dict[str, str] | None:
+    if not span_context.is_valid:
+        return None
+    carrier = {TRACEPARENT: traceparent_of(span_context)}
+    state = span_context.trace_state.to_header() if span_context.trace_state else ""
+    if state:
+        carrier[TRACESTATE] = state
+    return carrier
+
+
+def current_context() -> dict[str, str] | None:
+    """The W3C context of the span current here (thread or greenlet), or None.
+
+    Imports nothing: a process that has not imported OpenTelemetry cannot
+    have a current span, so the producer's cost without it is one dict lookup.
+    """
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    try:
+        return _carrier(trace.get_current_span().get_span_context())
+    except Exception:  # tracing never breaks send()
+        log.debug("could not read the current trace context", exc_info=True)
+        return None
+
+
+def is_sampled(traceparent: str | None) -> bool:
+    return bool(traceparent) and len(traceparent or "") == 55 and int((traceparent or "")[-2:], 16) & 1 == 1
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id (32 hex digits) of a sampled ``traceparent``: an unsampled one leads to no stored trace."""
+    return traceparent[3:35] if traceparent is not None and is_sampled(traceparent) else None
+
+
+class SpanHandle:
+    """What a caller holds of a span.  This base is ``NO_SPAN``, the span of a tracer that is off
+    (or of one that failed to start): every call does nothing."""
+
+    traceparent: str | None = None
+
+    def set(self, attributes: Mapping[str, Any]) -> None:
+        return None
+
+    def link(self, carriers: Iterable[Mapping[str, str] | None]) -> None:
+        return None
+
+    def failed(self, description: str) -> None:
+        return None
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+NO_SPAN = SpanHandle()
+
+
+class _Span(SpanHandle):
+    """A live span: attributes and links are best effort (errors logged at debug, never raised)."""
+
+    def __init__(self, span: Any, owner: Tracer) -> None:
+        self._span = span
+        self._owner = owner
+        self._headers = _carrier(span.get_span_context()) or {}
+        self.traceparent = self._headers.get(TRACEPARENT)
+
+    def set(self, attributes: Mapping[str, Any]) -> None:
+        try:
+            self._span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+        except Exception:
+            log.debug("span attributes not set", exc_info=True)
+
+    def link(self, carriers: Iterable[Mapping[str, str] | None]) -> None:
+        try:
+            for context in self._owner.span_contexts(carriers):
+                self._span.add_link(context)
+        except Exception:
+            log.debug("span links not added", exc_info=True)
+
+    def failed(self, description: str) -> None:
+        try:
+            from opentelemetry.trace import Status, StatusCode
+
+            self._span.set_status(Status(StatusCode.ERROR, description))
+        except Exception:
+            log.debug("span status not set", exc_info=True)
+
+    def headers(self) -> dict[str, str]:
+        return dict(self._headers)
+
+
+class Tracer:
+    """The dispatcher's spans, from its own TracerProvider (never the process-global one: a test
+    process holds several, and a producer's application keeps its own)."""
+
+    def __init__(self, provider: Any = None) -> None:
+        self._provider = provider
+        self._tracer = provider.get_tracer("dispatcher") if provider is not None else None
+        self._propagator: Any = None
+        if provider is not None:
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+            self._propagator = TraceContextTextMapPropagator()
+
+    @classmethod
+    def off(cls) -> Tracer:
+        return cls(None)
+
+    @classmethod
+    def from_config(cls, settings: TracingConfig, service: str, exporter: Any = None) -> Tracer:
+        """The process's tracer; ``exporter`` replaces the configured one (tests: InMemorySpanExporter)."""
+        if not settings.enabled:
+            return cls.off()
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401  (the extra)
+        except ImportError:
+            log.warning("tracing.enabled is true but OpenTelemetry is not installed "
+                        "(pip install 'dispatcher[otel]'): nothing is traced")
+            return cls.off()
+        return cls(_provider(settings, service, exporter))
+
+    @property
+    def enabled(self) -> bool:
+        return self._tracer is not None
+
+    def span_contexts(self, carriers: Iterable[Mapping[str, str] | None]) -> list[Any]:
+        """The valid remote SpanContexts among W3C carriers (bad ones are skipped, never raised)."""
+        if self._propagator is None:
+            return []
+        from opentelemetry import trace
+
+        found = []
+        for carrier in carriers:
+            if carrier and carrier.get(TRACEPARENT):
+                context = trace.get_current_span(self._propagator.extract(dict(carrier))).get_span_context()
+                if context.is_valid:
+                    found.append(context)
+        return found
+
+    @contextmanager
+    def span(self, name: str, *, parent: Mapping[str, str] | None = None,
+             links: Iterable[Mapping[str, str] | None] = (), kind: str = "internal",
+             attributes: Mapping[str, Any] | None = None) -> Iterator[SpanHandle]:
+        """A span around the block; ``parent`` and ``links`` are W3C carriers.  Never raises its own errors."""
+        if self._tracer is None:
+            yield NO_SPAN
+            return
+        live = self._start(name, parent, links, kind, attributes)
+        if live is None:
+            yield NO_SPAN
+            return
+        try:
+            yield live
+        finally:
+            try:
+                live._span.end()
+            except Exception:
+                log.debug("span not ended", exc_info=True)
+
+    def _start(self, name: str, parent: Mapping[str, str] | None, links: Iterable[Mapping[str, str] | None],
+               kind: str, attributes: Mapping[str, Any] | None) -> _Span | None:
+        try:
+            from opentelemetry import trace
+            from opentelemetry.context import Context
+
+            context = self._propagator.extract(dict(parent)) if parent and parent.get(TRACEPARENT) else Context()
+            span = self._tracer.start_span(  # type: ignore[union-attr]
+                name, context=context, kind=getattr(trace.SpanKind, kind.upper()),
+                links=[trace.Link(c) for c in self.span_contexts(links)],
+                attributes={k: v for k, v in (attributes or {}).items() if v is not None})
+            return _Span(span, self)
+        except Exception:
+            log.debug("span %s not started", name, exc_info=True)
+            return None
+
+    def batch_span(self, name: str, started_ns: int, links: Iterable[Mapping[str, str] | None],
+                   attributes: Mapping[str, Any]) -> None:
+        """A finished span for a batch (a claim, a result write) that began at ``started_ns``
+        (``time.time_ns()``): a root of its own, linked to at most MAX_BATCH_LINKS of its rows.
+        Made afterwards, so that empty claims (an idle worker polls) make no span at all."""
+        if self._tracer is None:
+            return
+        try:
+            from opentelemetry import trace
+            from opentelemetry.context import Context
+
+            contexts = self.span_contexts(itertools.islice((c for c in links if c), MAX_BATCH_LINKS))
+            span = self._tracer.start_span(name, context=Context(), links=[trace.Link(c) for c in contexts],
+                                           attributes=dict(attributes), start_time=started_ns)
+            span.end()
+        except Exception:
+            log.debug("batch span %s not made", name, exc_info=True)
+
+    def flush(self, timeout_millis: int = 30000) -> None:
+        if self._provider is not None:
+            self._provider.force_flush(timeout_millis)
+
+    def shutdown(self) -> None:
+        """Export what is queued (bounded by the exporter's timeout), then stop."""
+        if self._provider is not None:
+            try:
+                self._provider.shutdown()
+            except Exception:
+                log.debug("tracer shutdown failed", exc_info=True)
+
+
+def _provider(settings: TracingConfig, service: str, exporter: Any) -> Any:
+    import os
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by Resource.create; ours only fills a gap.
+    resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service})
+    # ParentBased: a span whose parent was sampled (or not) follows that decision, so a
+    # delivery's later attempts follow its first, and an API request its caller's.
+    provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))
+    if exporter is None and settings.exporter == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=settings.endpoint)
+    elif exporter is None and settings.exporter == "console":
+        exporter = ConsoleSpanExporter()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+class TracingMiddleware:
+    """Falcon middleware: each API request is a server span, the child of the caller's
+    ``traceparent`` if it sent one, and the current span while the resource runs (so a
+    replay can take its context).  Duck-typed: this module does not import Falcon."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+
+    def process_request(self, req: Any, resp: Any) -> None:
+        try:
+            from opentelemetry import context, trace
+
+            carrier = {key: value for key in (TRACEPARENT, TRACESTATE)
+                       if (value := req.get_header(key)) is not None}
+            parent = self._tracer._propagator.extract(carrier)
+            span = self._tracer._tracer.start_span(  # type: ignore[union-attr]
+                f"{req.method}", context=parent, kind=trace.SpanKind.SERVER,
+                attributes={"http.request.method": req.method, "url.path": req.path})
+            req.context.otel_span = span
+            req.context.otel_token = context.attach(trace.set_span_in_context(span))
+        except Exception:
+            log.debug("API request span not started", exc_info=True)
+
+    def process_resource(self, req: Any, resp: Any, resource: Any, params: Any) -> None:
+        span = getattr(req.context, "otel_span", None)
+        if span is not None and req.uri_template:
+            try:
+                span.update_name(f"{req.method} {req.uri_template}")
+                span.set_attribute("http.route", req.uri_template)
+            except Exception:
+                log.debug("API span not renamed", exc_info=True)
+
+    def process_response(self, req: Any, resp: Any, resource: Any, req_succeeded: bool) -> None:
+        span = getattr(req.context, "otel_span", None)
+        if span is None:
+            return
+        try:
+            from opentelemetry import context
+            from opentelemetry.trace import Status, StatusCode
+
+            code = int(resp.status_code)
+            span.set_attribute("http.response.status_code", code)
+            if code >= 500:
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+            context.detach(req.context.otel_token)
+        except Exception:
+            log.debug("API request span not ended", exc_info=True)
