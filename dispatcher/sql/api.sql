@@ -60,7 +60,9 @@ SELECT revoked_at FROM api_tokens WHERE id = %(id)s;
 -- so rows inserted meanwhile (higher ids) never shift later pages.
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error
+       d.last_status_code, d.last_error,
+       dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
+       dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
  WHERE d.workspace_id = %(workspace_id)s
@@ -76,14 +78,16 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
 -- name: api_get_delivery
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error
+       d.last_status_code, d.last_error,
+       dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
+       dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
  WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
 
 -- name: api_delivery_attempts
 -- The caller passes only ids it already read under the workspace filter.
-SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt
+SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt, trace_id
   FROM webhook_delivery_attempts
  WHERE delivery_id = ANY (%(ids)s::bigint[])
  ORDER BY delivery_id, attempt, id;
@@ -117,14 +121,23 @@ SELECT d.endpoint_id, d.event_id, d.payload_hash,
 -- Idempotency-Key / webhook-id), freshly signed.
 WITH ins AS (
     INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
-                                    attempt, status, mode, next_attempt_at, replay_of)
+                                    attempt, status, mode, next_attempt_at, replay_of, trace_context)
     VALUES (%(workspace_id)s, %(endpoint_id)s, %(event_id)s, %(payload_hash)s,
-            0, 'pending', 'live', now(), %(replay_of)s)
+            0, 'pending', 'live', now(), %(replay_of)s,
+            -- A replay is a trace of its own (the replay request's, when it is
+            -- traced), linked to the original row's (migration 0022).
+            nullif(jsonb_strip_nulls(jsonb_build_object(
+                'traceparent', %(traceparent)s::text,
+                'replayed_from', (SELECT o.trace_context ->> 'traceparent' FROM webhook_deliveries o
+                                   WHERE o.id = %(replay_of)s AND o.workspace_id = %(workspace_id)s))),
+                   '{}'::jsonb))
     RETURNING *
 )
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
        d.replay_of, d.created_at, d.next_attempt_at, d.delivered_at, d.finished_at,
-       d.last_status_code, d.last_error
+       d.last_status_code, d.last_error,
+       dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
+       dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM ins d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id;
 
@@ -181,7 +194,7 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- kept in step with workspaces.notify_webhook_url, and is not the customer's
 -- to list or change.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
-       e.owner_contact, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
+       e.owner_contact, e.trace_headers, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
        CASE WHEN e.previous_secret IS NOT NULL
             THEN e.secret_rotated_at + make_interval(secs => %(grace)s::float8) END AS previous_valid_until,
        coalesce(s.state, 'closed') AS state, coalesce(s.consecutive_failures, 0) AS consecutive_failures,
@@ -217,7 +230,8 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
 -- name: api_lock_endpoint
 -- The endpoint a change applies to, locked until the change commits (a
 -- customer endpoint: see api_endpoints).
-SELECT id, workspace_id, url, active, event_types, description, owner_contact FROM webhook_endpoints
+SELECT id, workspace_id, url, active, event_types, description, owner_contact, trace_headers
+  FROM webhook_endpoints
  WHERE id = %(id)s AND purpose = 'customer'
    AND (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
    FOR UPDATE;
@@ -225,7 +239,7 @@ SELECT id, workspace_id, url, active, event_types, description, owner_contact FR
 -- name: api_update_endpoint
 UPDATE webhook_endpoints
    SET url = %(url)s, event_types = %(event_types)s, active = %(active)s, description = %(description)s,
-       owner_contact = %(owner_contact)s
+       owner_contact = %(owner_contact)s, trace_headers = %(trace_headers)s
  WHERE id = %(id)s;
 
 -- name: api_end_pending
