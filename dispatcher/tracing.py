@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -83,6 +84,7 @@ def current_context() -> dict[str, str] | None:
 # A W3C traceparent whose sampled flag (bit 0 of the flags byte) is set; migration 0022's
 # dispatcher_sampled_trace_id is its SQL twin (tests/integration/test_trace_ids.py).
 _SAMPLED = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f][13579bdf]")
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
 def is_sampled(traceparent: str | None) -> bool:
@@ -99,6 +101,7 @@ class SpanHandle:
     (or of one that failed to start): every call does nothing."""
 
     traceparent: str | None = None
+    trace_id: str | None = None   # the trace an operator can look up: a kept (sampled) span's
 
     def set(self, attributes: Mapping[str, Any]) -> None:
         return None
@@ -117,7 +120,8 @@ NO_SPAN = SpanHandle()
 
 
 class _Span(SpanHandle):
-    """A live span: attributes and links are best effort (errors logged at debug, never raised)."""
+    """A live span: attributes and links are best effort (errors logged at debug, never raised).
+    An unsampled one is a NonRecordingSpan: it only carries its context (for the POST's headers)."""
 
     def __init__(self, span: Any, owner: Tracer) -> None:
         self._span = span
@@ -125,6 +129,8 @@ class _Span(SpanHandle):
         self._recording = span.is_recording()  # sampled: anything else set on it is dropped anyway
         self._headers = _carrier(span.get_span_context()) or {}
         self.traceparent = self._headers.get(TRACEPARENT)
+        # The trace id an operator can look up: only a recorded (sampled) span's.
+        self.trace_id = self.traceparent[3:35] if self._recording and self.traceparent else None
 
     def set(self, attributes: Mapping[str, Any]) -> None:
         if not self._recording:
@@ -156,19 +162,33 @@ class _Span(SpanHandle):
     def headers(self) -> dict[str, str]:
         return dict(self._headers)
 
+    def end(self) -> None:
+        try:
+            self._span.end()
+        except Exception:
+            log.debug("span not ended", exc_info=True)
+
 
 class Tracer:
     """The dispatcher's spans, from its own TracerProvider (never the process-global one: a test
-    process holds several, and a producer's application keeps its own)."""
+    process holds several, and a producer's application keeps its own).
 
-    def __init__(self, provider: Any = None) -> None:
+    Sampling is decided here, before the SDK is asked for anything (its sampler is
+    ParentBased(ALWAYS_ON)): a new trace is kept with probability ``sample_ratio``, a child
+    follows its parent's sampled flag.  A span that is not kept is a NonRecordingSpan made
+    here with fresh ids -- it still carries a valid context for the POST's traceparent -- so
+    at a 1 % ratio 99 attempts in 100 cost a few microseconds, not the SDK's span start."""
+
+    def __init__(self, provider: Any = None, sample_ratio: float = 1.0) -> None:
         self._provider = provider
         self._tracer = provider.get_tracer("dispatcher") if provider is not None else None
-        self._propagator: Any = None
+        self._ratio = sample_ratio
+        self._random = random.Random()
+        self._api: Any = None
         if provider is not None:
-            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+            from opentelemetry import trace
 
-            self._propagator = TraceContextTextMapPropagator()
+            self._api = trace
 
     @classmethod
     def off(cls) -> Tracer:
@@ -185,85 +205,85 @@ class Tracer:
             log.warning("tracing.enabled is true but OpenTelemetry is not installed "
                         "(pip install 'dispatcher[otel]'): nothing is traced")
             return cls.off()
-        return cls(_provider(settings, service, exporter))
+        return cls(_provider(service, settings.exporter, settings.endpoint, exporter), settings.sample_ratio)
 
     @property
     def enabled(self) -> bool:
         return self._tracer is not None
 
+    def remote_context(self, carrier: Mapping[str, str] | None) -> Any:
+        """The remote SpanContext a W3C carrier names, or None (absent or malformed: never raised)."""
+        value = carrier.get(TRACEPARENT) if carrier else None
+        found = _TRACEPARENT.fullmatch(value) if isinstance(value, str) else None
+        if found is None or found.group(1) == "ff":
+            return None
+        trace_id, span_id = int(found.group(2), 16), int(found.group(3), 16)
+        if not trace_id or not span_id:
+            return None
+        state = self._api.TraceState.from_header([carrier[TRACESTATE]]) \
+            if carrier and carrier.get(TRACESTATE) else None
+        return self._api.SpanContext(trace_id, span_id, is_remote=True,
+                                     trace_flags=self._api.TraceFlags(int(found.group(4), 16) & 1),
+                                     trace_state=state)
+
     def span_contexts(self, carriers: Iterable[Mapping[str, str] | None]) -> list[Any]:
         """The valid remote SpanContexts among W3C carriers (bad ones are skipped, never raised)."""
-        if self._propagator is None:
+        if self._api is None:
             return []
-        from opentelemetry import trace
+        return [c for c in map(self.remote_context, carriers) if c is not None]
 
-        found = []
-        for carrier in carriers:
-            if carrier and carrier.get(TRACEPARENT):
-                context = trace.get_current_span(self._propagator.extract(dict(carrier))).get_span_context()
-                if context.is_valid:
-                    found.append(context)
-        return found
+    def begin(self, name: str, parent: Mapping[str, str] | None = None, kind: str = "internal",
+              start_time: int | None = None) -> _Span | None:
+        """A started span (the caller ends it), or None when it could not be made."""
+        if self._tracer is None:
+            return None
+        try:
+            trace = self._api
+            remote = self.remote_context(parent)
+            keep = remote.trace_flags.sampled if remote is not None else self._random.random() < self._ratio
+            if not keep:
+                ids = self._random
+                context = trace.SpanContext(remote.trace_id if remote is not None else _nonzero(ids, 128),
+                                            _nonzero(ids, 64), is_remote=False,
+                                            trace_flags=trace.TraceFlags(0),
+                                            trace_state=remote.trace_state if remote is not None else None)
+                return _Span(trace.NonRecordingSpan(context), self)
+            from opentelemetry.context import Context
+
+            context = trace.set_span_in_context(trace.NonRecordingSpan(remote)) if remote is not None else Context()
+            return _Span(self._tracer.start_span(name, context=context, kind=getattr(trace.SpanKind, kind.upper()),
+                                                 start_time=start_time), self)
+        except Exception:
+            log.debug("span %s not started", name, exc_info=True)
+            return None
 
     @contextmanager
     def span(self, name: str, *, parent: Mapping[str, str] | None = None,
              links: Iterable[Mapping[str, str] | None] = (), kind: str = "internal",
              attributes: Mapping[str, Any] | None = None) -> Iterator[SpanHandle]:
         """A span around the block; ``parent`` and ``links`` are W3C carriers.  Never raises its own errors."""
-        if self._tracer is None:
-            yield NO_SPAN
-            return
-        live = self._start(name, parent, links, kind, attributes)
+        live = self.begin(name, parent, kind)
         if live is None:
             yield NO_SPAN
             return
+        live.link(links)      # both do nothing on a span that is not kept
+        live.set(attributes or {})
         try:
             yield live
         finally:
-            try:
-                live._span.end()
-            except Exception:
-                log.debug("span not ended", exc_info=True)
-
-    def _start(self, name: str, parent: Mapping[str, str] | None, links: Iterable[Mapping[str, str] | None],
-               kind: str, attributes: Mapping[str, Any] | None) -> _Span | None:
-        try:
-            from opentelemetry import trace
-            from opentelemetry.context import Context
-
-            context = self._propagator.extract(dict(parent)) if parent and parent.get(TRACEPARENT) else Context()
-            span = self._tracer.start_span(  # type: ignore[union-attr]
-                name, context=context, kind=getattr(trace.SpanKind, kind.upper()))
-            live = _Span(span, self)
-            # Only a sampled span keeps links and attributes: the other 99 % at a 1 % ratio skip
-            # parsing the linked contexts (our sampler decides on the trace id alone).
-            if span.is_recording():
-                live.link(links)
-                live.set(attributes or {})
-            return live
-        except Exception:
-            log.debug("span %s not started", name, exc_info=True)
-            return None
+            live.end()
 
     def batch_span(self, name: str, started_ns: int, links: Iterable[Mapping[str, str] | None],
                    attributes: Mapping[str, Any]) -> None:
         """A finished span for a batch (a claim, a result write) that began at ``started_ns``
         (``time.time_ns()``): a root of its own, linked to at most MAX_BATCH_LINKS of its rows.
         Made afterwards, so that empty claims (an idle worker polls) make no span at all."""
-        if self._tracer is None:
+        live = self.begin(name, start_time=started_ns)
+        if live is None:
             return
-        try:
-            from opentelemetry.context import Context
-
-            span = self._tracer.start_span(name, context=Context(), start_time=started_ns)
-            if span.is_recording():
-                contexts = self.span_contexts(itertools.islice((c for c in links if c), MAX_BATCH_LINKS))
-                for context in contexts:
-                    span.add_link(context)
-                span.set_attributes(dict(attributes))
-            span.end()
-        except Exception:
-            log.debug("batch span %s not made", name, exc_info=True)
+        live.link(itertools.islice((c for c in links if c), MAX_BATCH_LINKS))
+        live.set(attributes)
+        live.end()
 
     def flush(self, timeout_millis: int = 30000) -> None:
         if self._provider is not None:
@@ -278,28 +298,36 @@ class Tracer:
                 log.debug("tracer shutdown failed", exc_info=True)
 
 
-def _provider(settings: TracingConfig, service: str, exporter: Any) -> Any:
+def _provider(service: str, kind: str, endpoint: str, exporter: Any) -> Any:
     import os
 
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
     # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES are read by Resource.create; ours only fills a gap.
     resource = Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service})
-    # ParentBased: a span whose parent was sampled (or not) follows that decision, so a
-    # delivery's later attempts follow its first, and an API request its caller's.
-    provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))
-    if exporter is None and settings.exporter == "otlp":
+    # Tracer.begin decides (sample_ratio for a new trace, the parent's flag for a child): a span
+    # reaches the SDK only once it is to be kept.
+    provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON))
+    if exporter is None and kind == "otlp":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        exporter = OTLPSpanExporter(endpoint=settings.endpoint)
-    elif exporter is None and settings.exporter == "console":
+        exporter = OTLPSpanExporter(endpoint=endpoint)
+    elif exporter is None and kind == "console":
         exporter = ConsoleSpanExporter()
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def _nonzero(ids: random.Random, bits: int) -> int:
+    """A random id of ``bits`` bits, never 0 (W3C: an all-zero id is invalid)."""
+    while True:
+        value = ids.getrandbits(bits)
+        if value:
+            return value
 
 
 class TracingMiddleware:
@@ -316,10 +344,11 @@ class TracingMiddleware:
 
             carrier = {key: value for key in (TRACEPARENT, TRACESTATE)
                        if (value := req.get_header(key)) is not None}
-            parent = self._tracer._propagator.extract(carrier)
-            span = self._tracer._tracer.start_span(  # type: ignore[union-attr]
-                f"{req.method}", context=parent, kind=trace.SpanKind.SERVER,
-                attributes={"http.request.method": req.method, "url.path": req.path})
+            live = self._tracer.begin(f"{req.method}", carrier, kind="server")
+            if live is None:
+                return
+            live.set({"http.request.method": req.method, "url.path": req.path})
+            span = live._span
             req.context.otel_span = span
             req.context.otel_token = context.attach(trace.set_span_in_context(span))
         except Exception:

@@ -13,7 +13,7 @@ import logging
 import random
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.config import Config
@@ -37,7 +37,7 @@ from dispatcher.rules.retry import (
 )
 from dispatcher.signing import InvalidSecret
 from dispatcher.store.engine import AttemptRecord, ClaimedRow
-from dispatcher.tracing import NO_SPAN, SpanHandle, Tracer, trace_id_of
+from dispatcher.tracing import NO_SPAN, SpanHandle, Tracer
 
 log = logging.getLogger("dispatcher.delivery")
 
@@ -114,20 +114,23 @@ class DeliveryMaker:
         delivery = row.delivery_trace or {}
         parent = {"traceparent": delivery["traceparent"]} if delivery.get("traceparent") else None
         replayed = {"traceparent": delivery["replayed_from"]} if delivery.get("replayed_from") else None
-        with self._tracer.span("dispatcher.attempt", parent=parent, links=(row.event_trace, replayed),
-                               kind="client", attributes=_span_attributes(row)) as span:
-            done = self._attempt(row, claimed_at, span)
+        span = self._tracer.begin("dispatcher.attempt", parent, kind="client")
+        if span is None:
+            return self._attempt(row, claimed_at, NO_SPAN)
+        try:
+            span.link((row.event_trace, replayed))  # both do nothing on a span that is not kept
+            span.set(_span_attributes(row))
+            done = self._attempt(row, claimed_at, span, parent is None)
             record = done.record
             span.set({"dispatcher.result": record.result, "dispatcher.status": record.status,
                       "http.response.status_code": record.status_code, "dispatcher.duration_ms": record.duration_ms})
             if record.status != "delivered":
                 span.failed(record.result)
-        if span.traceparent is None:
-            return done
-        return replace(done, record=replace(record, traceparent=span.traceparent, trace_root=parent is None,
-                                            trace_id=trace_id_of(span.traceparent)))
+        finally:
+            span.end()
+        return done
 
-    def _attempt(self, row: ClaimedRow, claimed_at: float, span: SpanHandle) -> Attempt:
+    def _attempt(self, row: ClaimedRow, claimed_at: float, span: SpanHandle, trace_root: bool = False) -> Attempt:
         started = time.monotonic()
         self._in_flight[row.id] = row
         status_code: int | None = None
@@ -148,7 +151,7 @@ class DeliveryMaker:
                               clip_error(scrub(f"internal error: {type(exc).__name__}: {exc}", _secrets(row))))
         finally:
             self._in_flight.pop(row.id, None)
-        return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at)
+        return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at, span, trace_root)
 
     def _send(self, row: ClaimedRow, span: SpanHandle) -> TransportResult | Outcome:
         """The transport's result, or the outcome of a row that is not sent."""
@@ -188,7 +191,7 @@ class DeliveryMaker:
         return classify(result, row.attempt, row.age + elapsed, policy, row.db_now + elapsed, self._rng.random())
 
     def _attempt_of(self, row: ClaimedRow, outcome: Outcome, status_code: int | None, body_excerpt: str | None,
-                    started: float, claimed_at: float) -> Attempt:
+                    started: float, claimed_at: float, span: SpanHandle, trace_root: bool) -> Attempt:
         finished = time.monotonic()
         record = AttemptRecord(
             id=row.id, claim_token=row.claim_token, endpoint_id=row.endpoint_id,
@@ -196,7 +199,8 @@ class DeliveryMaker:
             error=scrub(outcome.error, _secrets(row)) if outcome.error else None,
             status_code=status_code, result=outcome.result,
             started_mono=started, duration_ms=int((finished - started) * 1000), excerpt=body_excerpt,
-            hold=slot_hold(outcome.result, self._deadline))
+            hold=slot_hold(outcome.result, self._deadline),
+            traceparent=span.traceparent, trace_root=trace_root, trace_id=span.trace_id)
         to_2xx = row.age + (finished - claimed_at) if outcome.verdict is Verdict.DELIVERED else None
         return Attempt(record, row.event_id, outcome.breaker, to_2xx)
 

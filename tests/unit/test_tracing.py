@@ -139,3 +139,24 @@ def test_current_context_reads_the_callers_span() -> None:
     flags = int(context.trace_flags)
     assert carrier == {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"}
     assert int(carrier["traceparent"][-2:], 16) & 1
+
+
+def test_sampling_is_decided_before_the_sdk_and_children_follow_their_parent() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    never = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=0.0), "test", exporter=exporter)
+    with never.span("root") as root:
+        assert root.traceparent is not None and root.traceparent.endswith("-00") and root.trace_id is None
+    kept_parent = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "tracestate": "k=v"}
+    with never.span("child", parent=kept_parent) as child:
+        assert child.trace_id == "a" * 32 and child.headers()["tracestate"] == "k=v"
+    always = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=1.0), "test", exporter=exporter)
+    with always.span("unkept child", parent={"traceparent": kept_parent["traceparent"][:-2] + "00"}) as quiet:
+        assert quiet.traceparent is not None and quiet.traceparent.split("-")[1] == "a" * 32
+        assert quiet.traceparent.endswith("-00") and quiet.trace_id is None
+    never.flush()
+    always.flush()
+    assert [s.name for s in exporter.get_finished_spans()] == ["child"]
+    assert exporter.get_finished_spans()[0].parent.span_id == int("b" * 16, 16)
