@@ -102,6 +102,7 @@ class SpanHandle:
 
     traceparent: str | None = None
     trace_id: str | None = None   # the trace an operator can look up: a kept (sampled) span's
+    recording = False             # kept: worth building attributes for
 
     def set(self, attributes: Mapping[str, Any]) -> None:
         return None
@@ -126,7 +127,7 @@ class _Span(SpanHandle):
     def __init__(self, span: Any, owner: Tracer) -> None:
         self._span = span
         self._owner = owner
-        self._recording = span.is_recording()  # sampled: anything else set on it is dropped anyway
+        self._recording = self.recording = span.is_recording()  # else whatever is set is dropped anyway
         self._headers = _carrier(span.get_span_context()) or {}
         self.traceparent = self._headers.get(TRACEPARENT)
         # The trace id an operator can look up: only a recorded (sampled) span's.
