@@ -22,7 +22,8 @@ from benchmarks.harness import load_average, machine
 from dispatcher_devtools.kit.configs import BENCH_SETTINGS_ENV
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
-                               "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot", "fairness")
+                               "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot", "fairness",
+                               "tracing")
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -37,7 +38,8 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
-    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout", "peer", "hot"):
+    if name in ("throughput", "sustained", "isolation", "outage", "tls", "internet", "scaleout", "peer", "hot",
+                "tracing"):
         kwargs["client"] = client
         kwargs["processes"] = processes
     if name == "internet":

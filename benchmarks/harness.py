@@ -98,22 +98,25 @@ def bench_database(label: str) -> contextlib.AbstractContextManager[Database]:
 
 
 def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, first_event: int = 0,
-                   due_in: float = 0.0, workspace_offset: int = 0) -> int:
+                   due_in: float = 0.0, workspace_offset: int = 0, traced: bool = False) -> int:
     """Insert ``events`` events spread over ``ws<o>..ws<o+workspaces-1>`` (``o``: ``workspace_offset``)
     and one pending delivery per (event, active endpoint of its workspace), set-based; returns the
-    deliveries inserted.
+    deliveries inserted.  ``traced``: each event carries a producer's W3C trace context, sampled,
+    as send() stores it inside a traced request (migration 0022).
 
     Runs on the caller's cursor so the caller decides when the rows become visible (commit).
     """
     cur.execute(
         """
-        INSERT INTO events (id, workspace_id, type, sequence, payload)
+        INSERT INTO events (id, workspace_id, type, sequence, payload, trace_context)
         SELECT 'evt-' || g, 'ws' || (%(offset)s + g %% %(workspaces)s), 'job.created', g,
-               jsonb_build_object('job', 'j-' || g, 'n', g, 'pad', repeat('x', %(pad)s))
+               jsonb_build_object('job', 'j-' || g, 'n', g, 'pad', repeat('x', %(pad)s)),
+               CASE WHEN %(traced)s THEN jsonb_build_object(
+                   'traceparent', '00-' || md5('t' || g) || '-' || left(md5('s' || g), 16) || '-01') END
           FROM generate_series(%(first)s, %(last)s) g
         """,
         {"workspaces": workspaces, "pad": max(0, payload_bytes - 40), "first": first_event,
-         "last": first_event + events - 1, "offset": workspace_offset})
+         "last": first_event + events - 1, "offset": workspace_offset, "traced": traced})
     cur.execute(
         """
         INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, next_attempt_at)

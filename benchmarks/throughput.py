@@ -41,7 +41,8 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
           client: str | None = None, processes: int = 2, receiver_processes: int = 1, label: str = "throughput",
           timeout: float = 300.0, extra_workers: dict[str, Any] | None = None,
           keep_db: Any = None, tls: bool = False, max_per_second: float | None = None,
-          supervisors: int = 1, receiver_kind: str = "mock", keep_receiver: Any = None) -> dict[str, Any]:
+          supervisors: int = 1, receiver_kind: str = "mock", keep_receiver: Any = None,
+          sections: dict[str, Any] | None = None, traced_events: bool = False) -> dict[str, Any]:
     """Seed ``events`` x ``endpoints_per_workspace`` deliveries and let the engine drain them.
 
     ``keep_db``, when given, is called with the database before it is dropped
@@ -52,7 +53,9 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
     each with its own owner ids) share the ``processes`` worker processes.  ``receiver_kind``:
     ``mock`` (verifies every signature) or ``nginx`` (answers 204; its access log shows that
     every request carried the signature headers, not that they verify).  ``keep_receiver``,
-    when given, is called with the receiver before it stops.
+    when given, is called with the receiver before it stops.  ``sections``: more config
+    sections for the engine (the tracing scenario's ``tracing``); ``traced_events``: the events
+    carry a producer's trace context (insert_backlog).
     """
     if supervisors < 1 or processes % supervisors:
         raise ValueError(f"{processes} worker processes do not split evenly over {supervisors} supervisors")
@@ -67,7 +70,7 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
         handshakes_before = receiver.stats(fast=True).get("tls_handshakes", 0)
         http: dict[str, Any] = {"client": client} if client else {}
         workers = {"processes": processes, **(extra_workers or {})}
-        runs = supervisor_runs(setup, supervisors, workers=workers, http=http)
+        runs = supervisor_runs(setup, supervisors, workers=workers, http=http, **(sections or {}))
         with contextlib.ExitStack() as stack:
             for run in runs:
                 stack.enter_context(run)
@@ -75,7 +78,7 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
                 run.wait_ready(run.config["workers"]["processes"])
             conn = db.connect()
             cur = conn.cursor()
-            expected = insert_backlog(cur, workspaces, events, payload_bytes)
+            expected = insert_backlog(cur, workspaces, events, payload_bytes, traced=traced_events)
             cur.execute("ANALYZE webhook_deliveries")
             cur.execute("ANALYZE events")
             meter = setup.cpu_meter(runs, harness=lambda: process_tree(os.getpid())[:1])

@@ -465,6 +465,29 @@ class SecretsConfig:
                                     "after a secret rotation, how long the previous secret also signs every delivery")
 
 
+def _ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{value!r} is not a number in [0, 1]")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    # docs/operations.md, "Tracing"; the optional `otel` extra.  The standard OTEL_* variables
+    # override these (config_from_mapping, _tracing_from_env): the environment wins.
+    enabled: bool = setting(False, _boolean,
+                            "OpenTelemetry spans from the producer's send() to the receiver "
+                            "(needs the otel extra; off: nothing of it is imported)")
+    exporter: str = setting("otlp", _one_of("otlp", "console", "none"),
+                            "otlp (OTLP over HTTP/protobuf), console (stdout) or none; OTEL_TRACES_EXPORTER wins")
+    endpoint: str = setting("http://127.0.0.1:4318/v1/traces", _text,
+                            "the OTLP/HTTP traces URL; OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or "
+                            "OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, wins")
+    sample_ratio: float = setting(1.0, _ratio,
+                                  "share of new traces kept, 0 to 1 (a child follows its parent's decision); "
+                                  "OTEL_TRACES_SAMPLER_ARG wins")
+
+
 @dataclass(frozen=True)
 class Config:
     region: str = setting("local", _region, "region name; each region runs its own dispatchers and database (Q4)")
@@ -484,6 +507,7 @@ class Config:
     notifier: NotifierConfig = field(default_factory=NotifierConfig)
     secrets: SecretsConfig = field(default_factory=SecretsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     source: str = field(default="<defaults>", compare=False)
 
 
@@ -526,9 +550,42 @@ def config_from_mapping(raw: Mapping[str, Any], env: Mapping[str, str] | None = 
     if smtp_password:
         config = dataclasses.replace(config, notifier=dataclasses.replace(config.notifier,
                                                                           smtp_password=smtp_password))
-    config = dataclasses.replace(config, source=source)
+    config = dataclasses.replace(config, source=source, tracing=_tracing_from_env(config.tracing, environ))
     _check_consistency(config)
     return config
+
+
+def _tracing_from_env(tracing: TracingConfig, environ: Mapping[str, str]) -> TracingConfig:
+    """The standard OTEL_* variables over the file's tracing settings (the environment wins, as
+    DISPATCHER_DATABASE_DSN does): OTEL_SDK_DISABLED=true turns tracing off (never on)."""
+    changes: dict[str, Any] = {}
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        changes["enabled"] = False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        changes["exporter"] = _env_setting("OTEL_TRACES_EXPORTER", _one_of("otlp", "console", "none"), exporter)
+    if environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        changes["endpoint"] = environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+    elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        changes["endpoint"] = environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+    ratio = environ.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+    if ratio:
+        changes["sample_ratio"] = _env_setting("OTEL_TRACES_SAMPLER_ARG", _ratio, _number(ratio))
+    return dataclasses.replace(tracing, **changes) if changes else tracing
+
+
+def _number(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _env_setting(name: str, parse: Parser, value: Any) -> Any:
+    try:
+        return parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"environment variable {name}: {exc}") from None
 
 
 def _check_consistency(config: Config) -> None:

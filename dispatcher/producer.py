@@ -49,6 +49,7 @@ from dispatcher.config import Config, ProducerConfig
 from dispatcher.message import delivery_headers, event_body, event_id_problem, format_timestamp, signing_keys
 from dispatcher.metrics import Metrics
 from dispatcher.store.producer import SendResult, send_event
+from dispatcher.tracing import current_context
 
 if TYPE_CHECKING:  # the transport module imports gevent: producers must not load it just by importing us
     from dispatcher.outbound.transport import Transport
@@ -90,6 +91,10 @@ class WebhookSender:
         """Outbox on: write into the caller's open transaction.  Off: POST inline (see the module docstring)."""
         started = time.perf_counter()
         params = _statement_params(event, self._config.producer)
+        # The caller's span, if it has one, goes with the event in the same statement (migration 0022):
+        # the worker links every attempt to it.  Off, or without OpenTelemetry loaded, this is nothing.
+        trace = current_context() if self._config.tracing.enabled else None
+        params["trace_context"] = json.dumps(trace) if trace is not None else None
         result = send_event(conn, params, self._config.secrets.rotation_grace)
         written = time.perf_counter()
         if result is None:

@@ -86,7 +86,7 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
         "active": row["active"], "description": row["description"], "owner_contact": row["owner_contact"],
         "owner_contact_confirmed": row["owner_contact_confirmed"],
         "event_types": list(row["event_types"] or []), "created_at": timestamp(row["created_at"]),
-        "max_per_second": row["max_per_second"],
+        "max_per_second": row["max_per_second"], "trace_headers": row["trace_headers"],
         "signing": {"secret": "endpoint" if row["own_secret"] else "workspace",
                     "rotated_at": timestamp(row["secret_rotated_at"]),
                     "previous_valid_until": timestamp(row["previous_valid_until"])},

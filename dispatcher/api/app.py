@@ -38,6 +38,7 @@ from dispatcher.config import Config
 from dispatcher.outbound.netguard import OutboundPolicy
 from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.replay_budget import ReplayBudget
+from dispatcher.tracing import Tracer, TracingMiddleware
 
 ROUTES: tuple[tuple[str, type[Resource]], ...] = (
     ("/healthz", Health),
@@ -69,7 +70,10 @@ class DispatcherApp(falcon.App):
     pool: ConnectionPool        # the primary: token checks, writes, and reads unless a standby is set
     reads: ReadRoute | None     # the standby of ``api.read_dsn``, if any
 
+    tracer: Tracer              # request spans (Tracer.off() when tracing is off)
+
     def close(self) -> None:
+        self.tracer.shutdown()
         self.pool.close()
         if self.reads is not None:
             self.reads.close()
@@ -100,11 +104,13 @@ def _csp_for(html: bytes) -> str:
 
 
 def create_app(config: Config, dsn: str,
-               bound: Callable[[float], AbstractContextManager[Any]] | None = None) -> DispatcherApp:
+               bound: Callable[[float], AbstractContextManager[Any]] | None = None,
+               tracer: Tracer | None = None) -> DispatcherApp:
     """The WSGI app for ``config.api``, reading and writing the database at ``dsn``.
 
     ``bound``: how the server process limits a request's wait for the database
-    (``api_main``: a gevent timeout; see ``api/pool.py``).
+    (``api_main``: a gevent timeout; see ``api/pool.py``).  ``tracer``: the
+    request spans' (default: ``tracing.*``'s; off, the app has no middleware).
     """
     api = config.api
 
@@ -126,8 +132,11 @@ def create_app(config: Config, dsn: str,
                      secret_grace=config.secrets.rotation_grace, openapi=_asset("openapi.json"), console=console,
                      console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),
                      health=HealthCheck(pool))
-    app = DispatcherApp(media_type=falcon.MEDIA_JSON)
+    tracer = tracer if tracer is not None else Tracer.from_config(config.tracing, "dispatcher-api")
+    app = DispatcherApp(media_type=falcon.MEDIA_JSON,
+                        middleware=[TracingMiddleware(tracer)] if tracer.enabled else None)
     app.pool = pool
+    app.tracer = tracer
     app.reads = reads
     handler = falcon.media.JSONHandler(dumps=functools.partial(json.dumps, default=_json_default))
     app.resp_options.media_handlers.update({falcon.MEDIA_JSON: handler})

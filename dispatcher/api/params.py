@@ -204,7 +204,7 @@ def discard_body(req: falcon.Request, max_bytes: int) -> None:
 MAX_DESCRIPTION_CHARS = 500
 MAX_EVENT_TYPES = 100
 MAX_EVENT_TYPE_CHARS = 200
-_ENDPOINT_FIELDS = ("url", "event_types", "description", "active", "owner_contact")
+_ENDPOINT_FIELDS = ("url", "event_types", "description", "active", "owner_contact", "trace_headers")
 
 
 def _text(value: Any, name: str, max_chars: int) -> str:
@@ -275,8 +275,9 @@ def endpoint_fields(body: Any, creating: bool) -> dict[str, Any]:
                                                                       MAX_DESCRIPTION_CHARS)
     if "owner_contact" in body:
         fields["owner_contact"] = _owner_contact(body["owner_contact"])
-    if "active" in body:
-        if not isinstance(body["active"], bool):
-            raise bad_request("active must be true or false")
-        fields["active"] = body["active"]
+    for flag in ("active", "trace_headers"):
+        if flag in body:
+            if not isinstance(body[flag], bool):
+                raise bad_request(f"{flag} must be true or false")
+            fields[flag] = body[flag]
     return fields

@@ -14,6 +14,7 @@ import random
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from dispatcher.config import Config
 from dispatcher.message import delivery_headers, event_body, event_id_problem, signing_keys
@@ -36,6 +37,7 @@ from dispatcher.rules.retry import (
 )
 from dispatcher.signing import InvalidSecret
 from dispatcher.store.engine import AttemptRecord, ClaimedRow
+from dispatcher.tracing import NO_SPAN, SpanHandle, Tracer
 
 log = logging.getLogger("dispatcher.delivery")
 
@@ -83,16 +85,18 @@ def build_transport(config: Config) -> Transport:
 
 
 class DeliveryMaker:
-    def __init__(self, transport: Transport, policies: RetryPolicies, deadline: float = 0.0) -> None:
+    def __init__(self, transport: Transport, policies: RetryPolicies, deadline: float = 0.0,
+                 tracer: Tracer | None = None) -> None:
         self._transport = transport
         self._policies = policies
         self._deadline = deadline  # the transport's (http.timeout), for limits.slot_hold
+        self._tracer = tracer or Tracer.off()
         self._rng = random.Random()
         self._in_flight: dict[int, ClaimedRow] = {}
 
     @classmethod
-    def from_config(cls, config: Config) -> DeliveryMaker:
-        return cls(build_transport(config), config.retry.retry_policies(), config.http.timeout)
+    def from_config(cls, config: Config, tracer: Tracer | None = None) -> DeliveryMaker:
+        return cls(build_transport(config), config.retry.retry_policies(), config.http.timeout, tracer)
 
     def close(self) -> None:
         self._transport.close()
@@ -101,13 +105,41 @@ class DeliveryMaker:
         return list(self._in_flight.values())
 
     def attempt(self, row: ClaimedRow, claimed_at: float) -> Attempt:
-        """Make one attempt for ``row``; never raises."""
+        """Make one attempt for ``row``; never raises.
+
+        Traced, it is a span of the delivery's trace (a child of the row's first traced attempt, or
+        that root itself), linked to the producer's span and, for a replay, to the original's trace."""
+        if not self._tracer.enabled:
+            return self._attempt(row, claimed_at, NO_SPAN)
+        delivery = row.delivery_trace or {}
+        parent = {"traceparent": delivery["traceparent"]} if delivery.get("traceparent") else None
+        replayed = {"traceparent": delivery["replayed_from"]} if delivery.get("replayed_from") else None
+        span = self._tracer.begin("dispatcher.attempt", parent, kind="client")
+        if span is None:
+            return self._attempt(row, claimed_at, NO_SPAN)
+        try:
+            if span.recording:  # 99 in 100 at a 1 % ratio are not: build nothing for them
+                span.link((row.event_trace, replayed))
+                span.set(_span_attributes(row))
+            done = self._attempt(row, claimed_at, span, parent is None)
+            record = done.record
+            if span.recording:
+                span.set({"dispatcher.result": record.result, "dispatcher.status": record.status,
+                          "http.response.status_code": record.status_code,
+                          "dispatcher.duration_ms": record.duration_ms})
+                if record.status != "delivered":
+                    span.failed(record.result)
+        finally:
+            span.end()
+        return done
+
+    def _attempt(self, row: ClaimedRow, claimed_at: float, span: SpanHandle, trace_root: bool = False) -> Attempt:
         started = time.monotonic()
         self._in_flight[row.id] = row
         status_code: int | None = None
         body_excerpt: str | None = None
         try:
-            result = self._send(row)
+            result = self._send(row, span)
             if isinstance(result, TransportResult):
                 status_code = result.status
                 body_excerpt = excerpt(result.body, secrets=_secrets(row)) if result.status is not None else None
@@ -122,9 +154,9 @@ class DeliveryMaker:
                               clip_error(scrub(f"internal error: {type(exc).__name__}: {exc}", _secrets(row))))
         finally:
             self._in_flight.pop(row.id, None)
-        return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at)
+        return self._attempt_of(row, outcome, status_code, body_excerpt, started, claimed_at, span, trace_root)
 
-    def _send(self, row: ClaimedRow) -> TransportResult | Outcome:
+    def _send(self, row: ClaimedRow, span: SpanHandle) -> TransportResult | Outcome:
         """The transport's result, or the outcome of a row that is not sent."""
         if row.url is None:
             return terminal(ENDPOINT_DELETED)
@@ -152,6 +184,8 @@ class DeliveryMaker:
         body = event_body(row.event_id, row.event_type, row.workspace_id or "", row.sequence,
                           row.occurred_at or "", row.payload)
         headers = delivery_headers(row.event_id, row.attempt, int(time.time()), body, keys)
+        if row.trace_headers:  # per endpoint, on by default (webhook_endpoints.trace_headers)
+            headers.update(span.headers())
         return self._transport.post(row.url, headers, body, row.workspace_id)
 
     def _classify(self, row: ClaimedRow, result: TransportResult, claimed_at: float) -> Outcome:
@@ -160,7 +194,7 @@ class DeliveryMaker:
         return classify(result, row.attempt, row.age + elapsed, policy, row.db_now + elapsed, self._rng.random())
 
     def _attempt_of(self, row: ClaimedRow, outcome: Outcome, status_code: int | None, body_excerpt: str | None,
-                    started: float, claimed_at: float) -> Attempt:
+                    started: float, claimed_at: float, span: SpanHandle, trace_root: bool) -> Attempt:
         finished = time.monotonic()
         record = AttemptRecord(
             id=row.id, claim_token=row.claim_token, endpoint_id=row.endpoint_id,
@@ -168,6 +202,15 @@ class DeliveryMaker:
             error=scrub(outcome.error, _secrets(row)) if outcome.error else None,
             status_code=status_code, result=outcome.result,
             started_mono=started, duration_ms=int((finished - started) * 1000), excerpt=body_excerpt,
-            hold=slot_hold(outcome.result, self._deadline))
+            hold=slot_hold(outcome.result, self._deadline),
+            traceparent=span.traceparent, trace_root=trace_root, trace_id=span.trace_id)
         to_2xx = row.age + (finished - claimed_at) if outcome.verdict is Verdict.DELIVERED else None
         return Attempt(record, row.event_id, outcome.breaker, to_2xx)
+
+
+def _span_attributes(row: ClaimedRow) -> dict[str, Any]:
+    # The claim admits only closed endpoints and half-open probes (BreakerPolicy.admits).
+    return {"dispatcher.event_id": row.event_id, "dispatcher.delivery_id": row.id,
+            "dispatcher.endpoint_id": row.endpoint_id, "dispatcher.workspace_id": row.workspace_id,
+            "dispatcher.attempt": row.attempt, "dispatcher.breaker_state": "half_open" if row.is_probe else "closed",
+            "dispatcher.mode": row.mode}

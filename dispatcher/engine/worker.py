@@ -56,6 +56,7 @@ from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection, 
 from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
 from dispatcher.store.replays import ReplayJobStore
+from dispatcher.tracing import Tracer
 
 if TYPE_CHECKING:
     from dispatcher.engine.upkeep import Upkeep
@@ -127,8 +128,10 @@ def latest_entries(entries: list[SlotEntry]) -> list[SlotEntry]:
 
 class Worker:
     def __init__(self, config: Config, dsn: str, owner: str, heartbeat_path: str | None = None,
-                 maker: DeliveryMaker | None = None) -> None:
+                 maker: DeliveryMaker | None = None, tracer: Tracer | None = None) -> None:
         self.config = config
+        # Spans (docs/operations.md, "Tracing"); off: Tracer.off(), which does nothing.
+        self._tracer = tracer if tracer is not None else Tracer.from_config(config.tracing, "dispatcher-worker")
         self.owner = owner
         self._heartbeat_path = heartbeat_path
         def connection(purpose: str) -> ManagedConnection:
@@ -147,7 +150,7 @@ class Worker:
         self._upkeep = EngineStore(upkeep)
         self._leader_presence = Presence(upkeep, owner, config.region)
         self._presence = Presence(connection("status"), owner, config.region)
-        self._maker = maker or DeliveryMaker.from_config(config)
+        self._maker = maker or DeliveryMaker.from_config(config, self._tracer)
         self._metrics = Metrics(config.statsd, config.region)
         # Its own connection, opened on first use (by the leader, or after a transition seen here).
         self._notices = OwnerNotices(config, NoticeStore(connection("notify")))
@@ -198,6 +201,7 @@ class Worker:
         gevent.killall(background[1:], block=True, timeout=2)
         background[0].join(timeout=self.config.workers.graceful_timeout)
         self._maker.close()
+        self._tracer.shutdown()  # exports what is queued, bounded by the exporter's timeout
         self._leave(status)
         log.info("worker %s stopped", self.owner)
 
@@ -218,6 +222,7 @@ class Worker:
                 self._room.clear()
                 self._room.wait(workers.poll_interval)
                 continue
+            started_ns = time.time_ns()
             try:
                 with self._claims_lock:
                     share = self._walk_share()
@@ -230,6 +235,10 @@ class Worker:
                 backoff.wait(self._stopping)
                 continue
             backoff.reset()
+            if rows and self._tracer.enabled:
+                self._tracer.batch_span("dispatcher.claim", started_ns,
+                                        (row.delivery_trace or row.event_trace for row in rows),
+                                        {"dispatcher.rows": len(rows), "dispatcher.owner": self.owner})
             self._accept(rows)
             self._settle_refills(refill, rows, answered=True)
             if len(rows) < want:
@@ -495,6 +504,7 @@ class Worker:
 
     def _write(self, batch: list[Attempt], entries: list[SlotEntry]) -> bool:
         """Write results and the lane slots given back; False: try the same again later."""
+        started_ns = time.time_ns()
         try:
             written = self._results.record([a.record for a in batch], entries)
         except DatabaseUnavailable as exc:
@@ -512,6 +522,11 @@ class Worker:
         if stale:
             log.warning("%d stale results rejected by the claim-token fence (lease lapsed)", stale)
         kept = [a for a in batch if a.record.id in written]
+        if batch and self._tracer.enabled:
+            self._tracer.batch_span("dispatcher.record", started_ns,
+                                    ({"traceparent": a.record.traceparent} if a.record.traceparent else None
+                                     for a in batch),
+                                    {"dispatcher.rows": len(batch), "dispatcher.stale": stale})
         self._metrics.attempts((a.record.result, a.latency, a.commit_to_2xx) for a in kept)
         self._update_breakers(kept)
         return True

@@ -67,7 +67,9 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
        -- in Python from these and the database clock, as api_endpoints' shown state is.
        coalesce(s.state, 'closed') AS breaker_state, coalesce(s.consecutive_failures, 0) AS breaker_failures,
        s.open_until AS breaker_open_until, extract(epoch FROM s.open_until)::float8 AS breaker_open_until_epoch,
-       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now
+       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now,
+       dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
+       dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
   LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
@@ -91,7 +93,9 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
        s.open_until AS breaker_open_until, extract(epoch FROM s.open_until)::float8 AS breaker_open_until_epoch,
        extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now,
        -- The POST body's "data": the whole delivery only, never a list (a payload may be 256 KiB).
-       ev.payload
+       ev.payload,
+       dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
+       dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM webhook_deliveries d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
   LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
@@ -100,7 +104,7 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
 
 -- name: api_delivery_attempts
 -- The caller passes only ids it already read under the workspace filter.
-SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt
+SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt, trace_id
   FROM webhook_delivery_attempts
  WHERE delivery_id = ANY (%(ids)s::bigint[])
  ORDER BY delivery_id, attempt, id;
@@ -134,9 +138,16 @@ SELECT d.endpoint_id, d.event_id, d.payload_hash,
 -- Idempotency-Key / webhook-id), freshly signed.
 WITH ins AS (
     INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
-                                    attempt, status, mode, next_attempt_at, replay_of)
+                                    attempt, status, mode, next_attempt_at, replay_of, trace_context)
     VALUES (%(workspace_id)s, %(endpoint_id)s, %(event_id)s, %(payload_hash)s,
-            0, 'pending', 'live', now(), %(replay_of)s)
+            0, 'pending', 'live', now(), %(replay_of)s,
+            -- A replay is a trace of its own (the replay request's, when it is
+            -- traced), linked to the original row's (migration 0022).
+            nullif(jsonb_strip_nulls(jsonb_build_object(
+                'traceparent', %(traceparent)s::text,
+                'replayed_from', (SELECT o.trace_context ->> 'traceparent' FROM webhook_deliveries o
+                                   WHERE o.id = %(replay_of)s AND o.workspace_id = %(workspace_id)s))),
+                   '{}'::jsonb))
     RETURNING *
 )
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
@@ -145,7 +156,9 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
        -- The breaker columns, as in api_list_deliveries.
        coalesce(s.state, 'closed') AS breaker_state, coalesce(s.consecutive_failures, 0) AS breaker_failures,
        s.open_until AS breaker_open_until, extract(epoch FROM s.open_until)::float8 AS breaker_open_until_epoch,
-       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now
+       extract(epoch FROM d.next_attempt_at)::float8 AS next_attempt_epoch, extract(epoch FROM now())::float8 AS db_now,
+       dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
+       dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM ins d
   LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
   LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
@@ -204,7 +217,7 @@ INSERT INTO api_replay_ledger (workspace_id, units) VALUES (%(workspace_id)s, %(
 -- kept in step with workspaces.notify_webhook_url, and is not the customer's
 -- to list or change.
 SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max_per_second, e.description,
-       e.owner_contact, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
+       e.owner_contact, e.trace_headers, e.secret IS NOT NULL AS own_secret, e.secret_rotated_at,
        EXISTS (SELECT 1 FROM contact_confirmations k
                 WHERE k.workspace_id = e.workspace_id AND k.address = e.owner_contact
                   AND k.confirmed_at IS NOT NULL) AS owner_contact_confirmed,
@@ -243,7 +256,8 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
 -- name: api_lock_endpoint
 -- The endpoint a change applies to, locked until the change commits (a
 -- customer endpoint: see api_endpoints).
-SELECT id, workspace_id, url, active, event_types, description, owner_contact FROM webhook_endpoints
+SELECT id, workspace_id, url, active, event_types, description, owner_contact, trace_headers
+  FROM webhook_endpoints
  WHERE id = %(id)s AND purpose = 'customer'
    AND (%(workspace_id)s::text IS NULL OR workspace_id = %(workspace_id)s::text)
    FOR UPDATE;
@@ -251,7 +265,7 @@ SELECT id, workspace_id, url, active, event_types, description, owner_contact FR
 -- name: api_update_endpoint
 UPDATE webhook_endpoints
    SET url = %(url)s, event_types = %(event_types)s, active = %(active)s, description = %(description)s,
-       owner_contact = %(owner_contact)s
+       owner_contact = %(owner_contact)s, trace_headers = %(trace_headers)s
  WHERE id = %(id)s;
 
 -- name: api_end_pending

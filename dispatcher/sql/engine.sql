@@ -155,6 +155,7 @@ WITH RECURSIVE token AS (
      WHERE w.id = ANY (ARRAY(SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates
                              UNION ALL SELECT id FROM refill_rows))
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token,
+              w.trace_context,
               w.id <> ALL (ARRAY(SELECT id FROM refill_rows)) AS slot
 ), leases AS (
     -- The slots this claim takes of each endpoint's lane: one per row it took
@@ -186,7 +187,7 @@ WITH RECURSIVE token AS (
 ), claimed_endpoints AS MATERIALIZED (
     -- The endpoint's own secrets once it has them, else its workspace's
     -- (dispatcher_signing_secrets, migration 0010).
-    SELECT e.endpoint_id, e.workspace_id, (e.ep).url, (e.ep).active, (w.ws).id AS ws_id,
+    SELECT e.endpoint_id, e.workspace_id, (e.ep).url, (e.ep).active, (e.ep).trace_headers, (w.ws).id AS ws_id,
            dispatcher_signing_secrets((e.ep).secret, (e.ep).previous_secret, (e.ep).secret_rotated_at,
                                       (w.ws).secret, (w.ws).previous_secret, (w.ws).secret_rotated_at,
                                       %(grace)s::float8) AS signing
@@ -211,7 +212,11 @@ SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.
             THEN (v.ev).payload::text END AS payload,
        p.url, p.active,
        p.signing[1] AS secret, p.signing[2] AS previous_secret,
-       p.ws_id AS workspace_id
+       p.ws_id AS workspace_id,
+       -- Tracing (migration 0022): the producer's context, the delivery's own
+       -- trace, and whether the endpoint's POSTs carry traceparent.
+       (v.ev).trace_context AS event_trace, c.trace_context AS delivery_trace,
+       coalesce(p.trace_headers, true) AS trace_headers
   FROM claimed c
   JOIN claimed_events v ON v.workspace_id = c.workspace_id AND v.event_id = c.event_id
   JOIN claimed_endpoints p ON p.endpoint_id = c.endpoint_id AND p.workspace_id = c.workspace_id;
@@ -234,7 +239,7 @@ WITH results AS (
     SELECT * FROM json_to_recordset(%(results)s::json)
         AS r(id bigint, token bigint, status text, attempt int, delay float8, error text,
              status_code int, result text, started_ago float8, duration_ms int, excerpt text,
-             endpoint_id bigint)
+             endpoint_id bigint, traceparent text, trace_id text)
 ), slots AS (
     SELECT * FROM json_to_recordset(%(slots)s::json)
         AS s(endpoint_id bigint, token bigint, keep int, held int, hold float8)
@@ -248,7 +253,11 @@ WITH results AS (
            last_status_code = r.status_code,
            delivered_at = CASE WHEN r.status = 'delivered' THEN now() END,
            finished_at = CASE WHEN r.status <> 'pending' THEN now() END,
-           locked_by = NULL, locked_until = NULL, claim_token = NULL
+           locked_by = NULL, locked_until = NULL, claim_token = NULL,
+           -- The first traced attempt's span roots the delivery's trace (0022).
+           trace_context = CASE WHEN r.traceparent IS NULL THEN w.trace_context
+                                ELSE coalesce(w.trace_context, '{}') || jsonb_build_object('traceparent', r.traceparent)
+                           END
       FROM results r
      WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
     RETURNING w.id
@@ -267,9 +276,9 @@ WITH results AS (
 ), history AS (
     INSERT INTO webhook_delivery_attempts
            (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, status_code, error,
-            response_excerpt, claim_token)
+            response_excerpt, claim_token, trace_id)
     SELECT r.id, r.endpoint_id, r.attempt, now() - make_interval(secs => r.started_ago), r.duration_ms,
-           r.result, r.status_code, r.error, r.excerpt, r.token
+           r.result, r.status_code, r.error, r.excerpt, r.token, r.trace_id
       FROM results r JOIN updated u ON u.id = r.id
 )
 SELECT id FROM updated;

@@ -37,9 +37,9 @@ RETURNING id;
 
 -- name: add_endpoint
 INSERT INTO webhook_endpoints (workspace_id, url, event_types, max_per_second, owner_contact, secret, description,
-                               active)
+                               active, trace_headers)
 VALUES (%(workspace_id)s, %(url)s, %(event_types)s, %(max_per_second)s, %(owner_contact)s, %(secret)s,
-        %(description)s, %(active)s)
+        %(description)s, %(active)s, %(trace_headers)s)
 RETURNING id;
 
 -- name: set_workspace_contacts
@@ -80,6 +80,8 @@ SELECT status, count(*) FROM webhook_deliveries
 -- customer endpoint, and returns what the legacy synchronous path needs when
 -- the outbox is off (and what it skipped). A function so that its plans are
 -- cached per session: this call is all Postgres plans per send.
+-- trace_context: the caller's W3C trace context, or NULL (migration 0022).
 SELECT mode, sequence, deliveries, legacy_targets, legacy_payload, skipped
   FROM dispatcher_send_event(%(workspace_id)s, %(event_id)s, %(type)s, %(occurred_at)s::timestamptz,
-                             %(payload)s::jsonb, %(payload_hash)s, %(shadow_writes)s, %(grace)s::float8);
+                             %(payload)s::jsonb, %(payload_hash)s, %(shadow_writes)s, %(grace)s::float8,
+                             %(trace_context)s::jsonb);

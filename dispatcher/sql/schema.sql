@@ -39,6 +39,7 @@ CREATE TABLE webhook_endpoints (
     owner_contact     text,
     purpose           text DEFAULT 'customer'::text NOT NULL,
     secret_shown      boolean DEFAULT true NOT NULL,
+    trace_headers     boolean DEFAULT true NOT NULL,
     CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (id),
     CONSTRAINT webhook_endpoints_max_per_second_check CHECK (((max_per_second > (0)::double precision) AND (max_per_second < 'Infinity'::double precision))),
     CONSTRAINT webhook_endpoints_secret_check CHECK ((secret <> ''::text)),
@@ -48,13 +49,14 @@ CREATE TABLE webhook_endpoints (
 );
 
 CREATE TABLE events (
-    id           text NOT NULL,
-    workspace_id text NOT NULL,
-    type         text NOT NULL,
-    sequence     bigint NOT NULL,
-    occurred_at  timestamp with time zone DEFAULT now() NOT NULL,
-    payload      jsonb NOT NULL,
-    created_at   timestamp with time zone DEFAULT now() NOT NULL,
+    id            text NOT NULL,
+    workspace_id  text NOT NULL,
+    type          text NOT NULL,
+    sequence      bigint NOT NULL,
+    occurred_at   timestamp with time zone DEFAULT now() NOT NULL,
+    payload       jsonb NOT NULL,
+    created_at    timestamp with time zone DEFAULT now() NOT NULL,
+    trace_context jsonb,
     CONSTRAINT events_pkey PRIMARY KEY (workspace_id, id),
     CONSTRAINT events_workspace_id_sequence_key UNIQUE (workspace_id, sequence)
 );
@@ -78,6 +80,7 @@ CREATE TABLE webhook_deliveries (
     locked_by        text,
     locked_until     timestamp with time zone,
     claim_token      bigint,
+    trace_context    jsonb,
     CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
     CONSTRAINT webhook_deliveries_mode_check CHECK ((mode = ANY (ARRAY['live'::text, 'shadow'::text])))
 ) WITH (fillfactor=50);
@@ -94,6 +97,7 @@ CREATE TABLE webhook_delivery_attempts (
     error            text,
     response_excerpt text,
     claim_token      bigint,
+    trace_id         text,
     CONSTRAINT webhook_delivery_attempts_pkey PRIMARY KEY (id)
 );
 
@@ -475,7 +479,39 @@ AS $function$
     SELECT locked_until IS NULL OR locked_until <= now()
 $function$;
 
-CREATE OR REPLACE FUNCTION public.dispatcher_send_event(p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamp with time zone, p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace double precision)
+CREATE OR REPLACE FUNCTION public.dispatcher_replay_candidates(ws text, since timestamp with time zone, until timestamp with time zone, types text[], endpoints bigint[], statuses text[], after_id bigint, max_id bigint)
+ RETURNS TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, created_at timestamp with time zone, payload_hash text)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT d.id, d.endpoint_id, d.event_id, ev.type, d.status, d.created_at, d.payload_hash
+      FROM webhook_deliveries d
+      JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
+      JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
+     WHERE d.workspace_id = ws AND d.id > after_id AND d.id <= max_id
+       -- A row is written with or after its event: this bound lets the
+       -- created_at BRIN index skip older blocks.
+       AND d.created_at >= since
+       AND d.mode = 'live' AND d.status = ANY (statuses)
+       AND ev.created_at >= since AND (until IS NULL OR ev.created_at < until)
+       AND (cardinality(types) = 0 OR ev.type = ANY (types))
+       AND (cardinality(endpoints) = 0 OR d.endpoint_id = ANY (endpoints))
+       AND e.active AND e.purpose = 'customer'
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
+                        WHERE o.event_id = d.event_id AND o.workspace_id = d.workspace_id
+                          AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_sampled_trace_id(traceparent text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f][13579bdf]$'
+                THEN substr(traceparent, 4, 32) END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_send_event(p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamp with time zone, p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace double precision, p_trace_context jsonb DEFAULT NULL::jsonb)
  RETURNS TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text, skipped text)
  LANGUAGE plpgsql
 AS $function$
@@ -501,8 +537,9 @@ BEGIN
     END IF;
     IF outbox THEN
         numbered := nextval('event_sequence');
-        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
-        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload)
+        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context)
+        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
+                p_trace_context)
         ON CONFLICT (workspace_id, id) DO NOTHING;
         IF NOT FOUND THEN
             RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text, NULL::text;
@@ -524,8 +561,9 @@ BEGIN
     ELSE
         numbered := nextval('event_sequence');
         IF p_shadow_writes THEN
-            INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload)
-            VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload)
+            INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context)
+            VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
+                    p_trace_context)
             ON CONFLICT (workspace_id, id) DO NOTHING;
             shadow := FOUND;
             IF NOT shadow THEN
@@ -552,29 +590,6 @@ BEGIN
     -- what the dispatcher sends for the same event (it reads payload::text).
     RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
 END;
-$function$;
-
-CREATE OR REPLACE FUNCTION public.dispatcher_replay_candidates(ws text, since timestamp with time zone, until timestamp with time zone, types text[], endpoints bigint[], statuses text[], after_id bigint, max_id bigint)
- RETURNS TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, created_at timestamp with time zone, payload_hash text)
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT d.id, d.endpoint_id, d.event_id, ev.type, d.status, d.created_at, d.payload_hash
-      FROM webhook_deliveries d
-      JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
-      JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
-     WHERE d.workspace_id = ws AND d.id > after_id AND d.id <= max_id
-       -- A row is written with or after its event: this bound lets the
-       -- created_at BRIN index skip older blocks.
-       AND d.created_at >= since
-       AND d.mode = 'live' AND d.status = ANY (statuses)
-       AND ev.created_at >= since AND (until IS NULL OR ev.created_at < until)
-       AND (cardinality(types) = 0 OR ev.type = ANY (types))
-       AND (cardinality(endpoints) = 0 OR d.endpoint_id = ANY (endpoints))
-       AND e.active AND e.purpose = 'customer'
-       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
-                        WHERE o.event_id = d.event_id AND o.workspace_id = d.workspace_id
-                          AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
 $function$;
 
 CREATE TRIGGER webhook_endpoints_limit BEFORE INSERT OR UPDATE OF active, workspace_id ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION webhook_endpoints_limit();

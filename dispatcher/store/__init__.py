@@ -226,6 +226,7 @@ class NewEndpoint:
     description: str | None = None
     active: bool = True
     owner_contact: str | None = None
+    trace_headers: bool = True  # its POSTs carry traceparent/tracestate (migration 0022)
 
 
 def add_endpoint(conn: Connection, workspace_id: str, url: str, event_types: Sequence[str], secret: str,
@@ -250,7 +251,7 @@ def register_endpoint(conn: Connection, workspace_id: str, new: NewEndpoint, tok
             rows = run_query(conn, "add_endpoint", {
                 "workspace_id": workspace_id, "url": new.url, "event_types": list(new.event_types),
                 "max_per_second": new.max_per_second, "owner_contact": new.owner_contact, "secret": new.secret,
-                "description": new.description, "active": new.active})
+                "description": new.description, "active": new.active, "trace_headers": new.trace_headers})
             endpoint_id = int(rows[0][0])
             record_audit(conn, Audit(workspace_id, token_id, "endpoint.create", endpoint_id))
     except QueryRejected as exc:

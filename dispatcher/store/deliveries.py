@@ -23,7 +23,7 @@ from dispatcher.store.queries import Connection, Row, query_rows, run_query, tra
 DELIVERY_COLUMNS = (
     "id", "event_id", "event_type", "endpoint_id", "status", "attempt", "mode", "payload_hash",
     "replay_of", "created_at", "next_attempt_at", "delivered_at", "finished_at",
-    "last_status_code", "last_error",
+    "last_status_code", "last_error", "trace_id", "producer_trace_id",
 )
 
 
@@ -110,8 +110,10 @@ def charge_replay(conn: Connection, workspace_id: str, units: int, budget: Repla
 
 
 def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: ReplayBudget,
-           token_id: int | None) -> Row:
-    """Queue a new pending delivery of the same event to the same endpoint."""
+           token_id: int | None, traceparent: str | None = None) -> Row:
+    """Queue a new pending delivery of the same event to the same endpoint.
+
+    ``traceparent``: the replay request's span, the new row's trace (migration 0022)."""
     with transaction(conn):
         rows = query_rows(conn, "api_replay_source", {"id": delivery_id, "workspace_id": workspace_id})
         if not rows:
@@ -122,7 +124,7 @@ def replay(conn: Connection, workspace_id: str, delivery_id: int, budget: Replay
         charge_replay(conn, workspace_id, 1, budget)
         row = query_rows(conn, "api_insert_replay", {
             "workspace_id": workspace_id, "endpoint_id": source["endpoint_id"], "event_id": source["event_id"],
-            "payload_hash": source["payload_hash"], "replay_of": delivery_id})[0]
+            "payload_hash": source["payload_hash"], "replay_of": delivery_id, "traceparent": traceparent})[0]
         audit(conn, Audit(workspace_id, token_id, "delivery.replay", source["endpoint_id"], [row["id"]],
                           {"replay_of": delivery_id}))
     row["attempts"] = []

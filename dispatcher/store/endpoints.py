@@ -63,11 +63,12 @@ class EndpointChange:
     set_description: bool = False
     owner_contact: str | None = None
     set_owner_contact: bool = False
+    trace_headers: bool | None = None
 
     def fields(self) -> list[str]:
         given = {"url": self.url is not None, "event_types": self.event_types is not None,
                  "active": self.active is not None, "description": self.set_description,
-                 "owner_contact": self.set_owner_contact}
+                 "owner_contact": self.set_owner_contact, "trace_headers": self.trace_headers is not None}
         return [name for name, present in given.items() if present]
 
 
@@ -88,7 +89,8 @@ def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int
             "id": endpoint_id, "url": old["url"] if change.url is None else change.url,
             "event_types": list(old["event_types"] if change.event_types is None else change.event_types),
             "active": active, "description": change.description if change.set_description else old["description"],
-            "owner_contact": change.owner_contact if change.set_owner_contact else old["owner_contact"]})
+            "owner_contact": change.owner_contact if change.set_owner_contact else old["owner_contact"],
+            "trace_headers": old["trace_headers"] if change.trace_headers is None else change.trace_headers})
         ended: list[int] = []
         if old["active"] and not active:
             ended = _end_pending(conn, endpoint_id, ENDPOINT_DEACTIVATED)

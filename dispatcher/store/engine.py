@@ -279,6 +279,10 @@ class ClaimedRow:
     secret: str | None
     previous_secret: str | None
     workspace_id: str | None
+    # Tracing (migration 0022; dispatcher/tracing.py): W3C carriers, None when absent.
+    event_trace: dict[str, str] | None = None      # the producer's span when send() ran
+    delivery_trace: dict[str, str] | None = None   # the delivery's own trace ({"traceparent", "replayed_from"})
+    trace_headers: bool = True                     # the endpoint's POSTs carry traceparent
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +302,11 @@ class AttemptRecord:
     duration_ms: int
     excerpt: str | None
     hold: float = 0.0            # seconds its lane slot stays taken after the attempt (limits.slot_hold)
+    # The attempt span's traceparent (None: not traced), and whether it roots the delivery's trace
+    # (its first traced attempt: engine_record keeps it on the row).
+    traceparent: str | None = None
+    trace_root: bool = False
+    trace_id: str | None = None  # kept in the attempt history when the span was sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +368,9 @@ class EngineStore:
         rows = [{"id": r.id, "token": r.claim_token, "status": r.status, "attempt": r.attempt, "delay": r.delay,
                  "error": storable(r.error), "status_code": r.status_code, "result": r.result,
                  "started_ago": now - r.started_mono, "duration_ms": r.duration_ms,
-                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id} for r in records]
+                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id,
+                 "traceparent": r.traceparent if r.trace_root else None, "trace_id": r.trace_id}
+                for r in records]
         entries = [{"endpoint_id": e.endpoint_id, "token": e.token, "keep": e.keep, "held": e.held, "hold": e.hold}
                    for e in slots]
         with self._conn.statement() as cur:

@@ -77,6 +77,9 @@ def _open_breaker(world: World, endpoint: int) -> None:
               (endpoint,))
 
 
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
 def _seed(world: World) -> dict[str, Any]:
     ws = world.workspace("acme")
     healthy = world.endpoint(ws, "https://ops.acme.example/webhooks/dispatch")
@@ -89,6 +92,10 @@ def _seed(world: World) -> dict[str, Any]:
     world.attempt(dead, broken, 1, "http_5xx", 503, error="HTTP 503", excerpt="<html><h1>503 Service Unavailable</h1>")
     world.attempt(dead, broken, 2, "timeout", None, error="TimeoutError: no response within 10s", duration_ms=10000)
     world.attempt(dead, broken, 3, "http_5xx", 503, error="HTTP 503", excerpt="upstream maintenance until 14:00")
+    # Traced (docs/operations.md, "Tracing"): the delivery's trace, kept per attempt and on the row.
+    world.sql("UPDATE webhook_delivery_attempts SET trace_id = %s WHERE delivery_id = %s", (TRACE_ID, dead))
+    world.sql("UPDATE webhook_deliveries SET trace_context = jsonb_build_object('traceparent', %s::text) "
+              "WHERE id = %s", (f"00-{TRACE_ID}-{'1' * 16}-01", dead))
     for n in range(3):
         world.delivery(ws, broken, world.event(ws, f"evt_backlog_{n}"), "pending", age=timedelta(minutes=20 - n))
     _open_breaker(world, broken)
@@ -127,6 +134,8 @@ def test_look_up_an_event_see_attempts_and_replay(db, console_url: str, browser:
     assert dead_attempts.count() == 3
     assert "TimeoutError" in dead_attempts.nth(1).inner_text()
     assert "upstream maintenance" in dead_attempts.nth(2).inner_text()
+    assert TRACE_ID in dead_attempts.nth(0).inner_text()
+    assert f"delivery trace {TRACE_ID}" in page.locator(f'tr.attempts[data-for="{seeded["dead"]}"]').inner_text()
     banner = page.locator(".breaker-open")
     banner.wait_for()
     assert f"endpoint #{seeded['broken']}" in banner.inner_text() and "20 consecutive failures" in banner.inner_text()

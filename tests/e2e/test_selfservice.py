@@ -262,6 +262,29 @@ def test_patch_changes_fields_and_deactivating_ends_pending_rows_for_good(world,
                                          json={"active": False}), 403)
 
 
+def test_trace_headers_are_on_by_default_and_set_per_endpoint(world, make_client, db) -> None:
+    """Issue 26: whether an endpoint's POSTs carry traceparent, shown, set at create and by PATCH, claimed."""
+    client = make_client()
+    ws = world.workspace("acme")
+    token = world.token(ws)
+    made = client.simulate_post("/v2/webhooks/endpoints", headers=bearer(token), json={"url": _url()})
+    assert made.status_code == 201 and made.json["trace_headers"] is True
+    quiet = client.simulate_post("/v2/webhooks/endpoints", headers=bearer(token),
+                                 json={"url": _url(), "trace_headers": False})
+    assert quiet.status_code == 201 and quiet.json["trace_headers"] is False
+    path = f"/v2/webhooks/endpoints/{made.json['id']}"
+    assert client.simulate_patch(path, headers=bearer(token), json={"trace_headers": False}).json[
+        "trace_headers"] is False
+    assert client.simulate_get(path, headers=bearer(token)).json["trace_headers"] is False
+    assert_problem(client.simulate_patch(path, headers=bearer(token), json={"trace_headers": "no"}), 400)
+    assert [a[4].get("fields") for a in _audit(world) if a[1] == "endpoint.update"] == [["trace_headers"]]
+    event = world.event(ws, "evt_1")
+    world.delivery(ws, made.json["id"], event)
+    world.sql("UPDATE webhook_deliveries SET locked_until = NULL, claim_token = NULL, locked_by = NULL")
+    (row,) = _claim(db)
+    assert row.trace_headers is False
+
+
 def test_reactivating_past_the_ten_active_limit_is_409(world, make_client) -> None:
     client = make_client()
     ws = world.workspace("acme")

@@ -67,6 +67,8 @@ CONTRACT: dict[str, dict[str, Column]] = {
         # 0011: the owner's email; an 'operational' row carries the workspace's notify webhook
         "owner_contact": optional("text"),
         "purpose": required("text", "'customer'::text"),
+        # 0022: whether its POSTs carry traceparent/tracestate
+        "trace_headers": required("boolean", "true"),
     },
     "events": {
         "id": required("text"),
@@ -75,6 +77,8 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "sequence": required("bigint"),
         "occurred_at": required(TIMESTAMPTZ, "now()"),
         "payload": required("jsonb"),
+        # 0022: the producer's W3C trace context
+        "trace_context": optional("jsonb"),
     },
     "webhook_deliveries": {
         "id": required("bigint", SERIAL),
@@ -94,6 +98,8 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "last_status_code": optional("integer"),
         "replay_of": optional("bigint"),
         "mode": required("text", "'live'::text"),
+        # 0022: the delivery's own trace (and a replay's original)
+        "trace_context": optional("jsonb"),
     },
     "webhook_delivery_attempts": {
         "id": required("bigint", SERIAL),
@@ -106,6 +112,7 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "status_code": optional("integer"),
         "error": optional("text"),
         "response_excerpt": optional("text"),
+        "trace_id": optional("text"),  # 0022
     },
     # 0004: the rollout controls (issue 10).
     "rollout_settings": {
@@ -212,10 +219,12 @@ FUNCTIONS = {
     # 0010: the signing secrets a claimed row is sent with.
     "dispatcher_signing_secrets(text,text,timestamp with time zone,text,text,timestamp with time zone,"
     "double precision)": ("text[]", "s"),
-    # 0012, 0015: the producer's one statement.
-    "dispatcher_send_event(text,text,text,timestamp with time zone,jsonb,text,boolean,double precision)": (
+    # 0012, 0015, 0022: the producer's one statement (0022: the caller's trace context, defaulting to NULL).
+    "dispatcher_send_event(text,text,text,timestamp with time zone,jsonb,text,boolean,double precision,jsonb)": (
         "TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text, "
         "skipped text)", "v"),
+    # 0022: a sampled traceparent's trace id, for the API's history.
+    "dispatcher_sampled_trace_id(text)": ("text", "i"),
     # 0014: the lease test (STABLE, so the planner inlines it) and the lane give-back.
     "dispatcher_unleased(timestamp with time zone)": ("boolean", "s"),
     # 0021: what a bulk replay re-queues (STABLE, inlined into the count, the sample and each batch).

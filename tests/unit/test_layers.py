@@ -17,9 +17,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "dispatcher"
 
 # layer -> the dispatcher layers or modules it must never import ("*" in allowed_runtime: any).
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "rules": ("store", "outbound", "engine", "api", "cli", "runtime", "config", "producer", "metrics"),
-    "store": ("outbound", "engine", "api", "cli", "runtime", "config", "producer", "metrics"),
-    "outbound": ("store", "engine", "api", "cli", "runtime", "producer"),
+    "rules": ("store", "outbound", "engine", "api", "cli", "runtime", "config", "producer", "metrics", "tracing"),
+    "store": ("outbound", "engine", "api", "cli", "runtime", "config", "producer", "metrics", "tracing"),
+    "outbound": ("store", "engine", "api", "cli", "runtime", "producer", "tracing"),
+    # The tracing leaf (OpenTelemetry, the otel extra): config only; its callers hand it what to trace.
+    "tracing": ("store", "outbound", "engine", "api", "cli", "runtime", "producer", "metrics", "views", "tokens"),
     "engine": ("api", "cli", "runtime"),
     "api": ("engine", "cli", "runtime"),
     "cli": ("engine", "api"),

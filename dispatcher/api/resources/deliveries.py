@@ -17,6 +17,7 @@ from dispatcher.api.resources.base import Resource, page, path_action, principal
 from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.store import Connection
 from dispatcher.store import deliveries as delivery_store
+from dispatcher.tracing import current_context
 from dispatcher.views import delivery_detail_json, delivery_json, timestamp
 
 
@@ -63,7 +64,10 @@ class Replay(Resource):
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, delivery_id: str) -> None:
         with path_action(self.ctx, req, delivery_id, "delivery") as (conn, who, ident):
-            row = delivery_store.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id)
+            # The replay is a trace of its own: this request's span when the API traces (tracing.py).
+            trace = current_context()
+            row = delivery_store.replay(conn, who.workspace_id, ident, self.ctx.replay_budget, who.token_id,
+                                        trace["traceparent"] if trace else None)
         resp.status = falcon.HTTP_202
         resp.location = f"/v2/webhooks/deliveries/{row['id']}"
         resp.media = delivery_json(row, self.ctx.breaker, whole_url=True)  # replaying takes write scope

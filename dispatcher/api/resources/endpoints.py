@@ -44,7 +44,8 @@ class Endpoints(Resource):
         secret = new_secret()
         new = store.NewEndpoint(url=body["url"], event_types=body.get("event_types", ()), secret=secret,
                                 description=body.get("description"), active=body.get("active", True),
-                                owner_contact=body.get("owner_contact"))
+                                owner_contact=body.get("owner_contact"),
+                                trace_headers=body.get("trace_headers", True))
         with self.ctx.pool.connection() as conn:
             ident = store.register_endpoint(conn, who.workspace_id, new, who.token_id)
             shown = _shown_endpoint(self.ctx, conn, who, ident)
@@ -74,7 +75,8 @@ class Endpoint(Resource):
                                                active=body.get("active"), description=body.get("description"),
                                                set_description="description" in body,
                                                owner_contact=body.get("owner_contact"),
-                                               set_owner_contact="owner_contact" in body)
+                                               set_owner_contact="owner_contact" in body,
+                                               trace_headers=body.get("trace_headers"))
         with self.ctx.pool.connection() as conn:
             endpoint_store.update_endpoint(conn, who.workspace_id, ident, change, who.token_id)
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)

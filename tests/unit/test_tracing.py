@@ -1,0 +1,162 @@
+"""Tracing without a database: the settings and their OTEL_* overrides, the optional import, the spans' plumbing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dispatcher.config import ConfigError, TracingConfig, config_from_mapping
+from dispatcher.tracing import NO_SPAN, Tracer, current_context, is_sampled, trace_id_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tracing(raw: dict[str, object], env: dict[str, str] | None = None) -> TracingConfig:
+    return config_from_mapping({"tracing": raw}, env=env or {}).tracing
+
+
+class TestSettings:
+    def test_defaults_are_off(self) -> None:
+        assert tracing({}) == TracingConfig(enabled=False, exporter="otlp",
+                                            endpoint="http://127.0.0.1:4318/v1/traces", sample_ratio=1.0)
+
+    def test_bad_values_are_named(self) -> None:
+        with pytest.raises(ConfigError, match="tracing.sample_ratio"):
+            tracing({"sample_ratio": 1.5})
+        with pytest.raises(ConfigError, match="tracing.exporter"):
+            tracing({"exporter": "zipkin"})
+
+    def test_the_environment_wins(self) -> None:
+        env = {"OTEL_TRACES_SAMPLER_ARG": "0.25", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/",
+               "OTEL_TRACES_EXPORTER": "console"}
+        got = tracing({"enabled": True, "sample_ratio": 1, "endpoint": "http://a/v1/traces"}, env)
+        assert (got.enabled, got.sample_ratio, got.endpoint, got.exporter) == (
+            True, 0.25, "http://collector:4318/v1/traces", "console")
+        got = tracing({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t/x",
+                           "OTEL_EXPORTER_OTLP_ENDPOINT": "http://base"})
+        assert got.endpoint == "http://t/x"
+
+    def test_sdk_disabled_turns_tracing_off_never_on(self) -> None:
+        assert not tracing({"enabled": True}, {"OTEL_SDK_DISABLED": "true"}).enabled
+        assert not tracing({}, {"OTEL_SDK_DISABLED": "false"}).enabled
+
+    def test_a_bad_variable_is_named(self) -> None:
+        with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
+            tracing({}, {"OTEL_TRACES_SAMPLER_ARG": "lots"})
+        with pytest.raises(ConfigError, match="OTEL_TRACES_EXPORTER"):
+            tracing({}, {"OTEL_TRACES_EXPORTER": "jaeger"})
+
+
+def test_sampled_flag_and_trace_id() -> None:
+    sampled = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    assert is_sampled(sampled) and trace_id_of(sampled) == "a" * 32
+    assert trace_id_of(sampled[:-2] + "00") is None and trace_id_of(None) is None and not is_sampled("junk")
+
+
+def test_a_tracer_that_is_off_does_nothing() -> None:
+    tracer = Tracer.from_config(TracingConfig(enabled=False), "test")
+    assert not tracer.enabled
+    with tracer.span("x", parent={"traceparent": "bad"}, links=[None, {}]) as span:
+        assert span is NO_SPAN and span.headers() == {} and span.traceparent is None
+
+
+def test_bad_carriers_are_skipped_not_raised() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    tracer = Tracer.from_config(TracingConfig(enabled=True), "test", exporter=exporter)
+    with tracer.span("x", parent={"traceparent": "00-zz"}, links=[{"traceparent": "nonsense"}, None]) as span:
+        span.set({"a": 1, "b": None})
+        assert span.traceparent is not None and span.headers()["traceparent"] == span.traceparent
+    tracer.flush()
+    (finished,) = exporter.get_finished_spans()
+    assert finished.parent is None and list(finished.links) == [] and dict(finished.attributes or {}) == {"a": 1}
+    tracer.shutdown()
+
+
+_NO_IMPORT = textwrap.dedent("""
+    import sys
+    from dispatcher.config import config_from_mapping
+    from dispatcher.producer import WebhookSender
+    from dispatcher.tracing import Tracer, current_context
+    config = config_from_mapping({}, env={})
+    tracer = Tracer.from_config(config.tracing, "probe")
+    with tracer.span("attempt", parent={"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"}) as span:
+        span.set({"x": 1})
+    assert current_context() is None
+    WebhookSender(config)
+    import dispatcher.engine.delivery, dispatcher.api.app  # noqa: E401
+    loaded = sorted(name for name in sys.modules if name.split(".")[0] == "opentelemetry")
+    print("loaded:", loaded)
+    assert not loaded, loaded
+""")
+
+
+@pytest.mark.parametrize("hide", [False, True], ids=["installed", "missing"])
+def test_tracing_off_imports_no_opentelemetry(hide: bool, tmp_path: Path) -> None:
+    """Off, nothing of OpenTelemetry is imported -- and with it missing altogether, everything still works."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if hide:  # a package named opentelemetry that fails to import stands for "not installed"
+        (tmp_path / "opentelemetry").mkdir()
+        (tmp_path / "opentelemetry" / "__init__.py").write_text("raise ImportError('not installed')\n")
+        env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{REPO}"
+    done = subprocess.run([sys.executable, "-c", _NO_IMPORT], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert "loaded: []" in done.stdout
+
+
+def test_enabled_without_the_extra_warns_and_traces_nothing(tmp_path: Path) -> None:
+    (tmp_path / "opentelemetry").mkdir()
+    (tmp_path / "opentelemetry" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    code = textwrap.dedent("""
+        from dispatcher.config import TracingConfig
+        from dispatcher.tracing import Tracer
+        tracer = Tracer.from_config(TracingConfig(enabled=True), "probe")
+        assert not tracer.enabled
+        print("off")
+    """)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "off" in done.stdout, done.stderr
+    assert "OpenTelemetry is not installed" in done.stderr
+
+
+def test_current_context_reads_the_callers_span() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("caller")
+    assert current_context() is None
+    with tracer.start_as_current_span("request") as span:
+        carrier = current_context()
+        context = span.get_span_context()
+    flags = int(context.trace_flags)
+    assert carrier == {"traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"}
+    assert int(carrier["traceparent"][-2:], 16) & 1
+
+
+def test_sampling_is_decided_before_the_sdk_and_children_follow_their_parent() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    never = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=0.0), "test", exporter=exporter)
+    with never.span("root") as root:
+        assert root.traceparent is not None and root.traceparent.endswith("-00") and root.trace_id is None
+    kept_parent = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "tracestate": "k=v"}
+    with never.span("child", parent=kept_parent) as child:
+        assert child.trace_id == "a" * 32 and child.headers()["tracestate"] == "k=v"
+    always = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=1.0), "test", exporter=exporter)
+    with always.span("unkept child", parent={"traceparent": kept_parent["traceparent"][:-2] + "00"}) as quiet:
+        assert quiet.traceparent is not None and quiet.traceparent.split("-")[1] == "a" * 32
+        assert quiet.traceparent.endswith("-00") and quiet.trace_id is None
+    never.flush()
+    always.flush()
+    assert [s.name for s in exporter.get_finished_spans()] == ["child"]
+    assert exporter.get_finished_spans()[0].parent.span_id == int("b" * 16, 16)
