@@ -115,6 +115,7 @@ def run(tiny: bool = False) -> dict[str, Any]:
         "p50_ratio": {kind: ratio(kind, "p50_ms") for kind in alone_s},
         "p99_ratio": {kind: ratio(kind, "p99_ms") for kind in alone_s},
         "storm": {"clients": CLIENTS, "answers": len(storm), "not_200": sum(a.status != 200 for a in storm),
+                  "refused_429": sum(a.status == 429 for a in storm),
                   "largest_bytes": max((a.size for a in storm), default=0)},
         "api_rss": rss, "lost": lost, "load_average": [round(x, 2) for x in os.getloadavg()],
         "met": lost == 0,
@@ -127,6 +128,7 @@ def run(tiny: bool = False) -> dict[str, Any]:
         ("/healthz p99 ms alone / during storm", f"{alone_s['healthz']['p99_ms']} / "
                                                  f"{during_s['healthz']['p99_ms']}", "report"),
         ("storm's largest answer, bytes", result["storm"]["largest_bytes"], "report"),
+        ("storm's answers / refused 429", f"{len(storm)} / {result['storm']['refused_429']}", "report"),
         ("API RSS MB before / peak", f"{rss['before_mb']} / {rss['peak_mb']}", "report"),
         ("neighbour requests not answered 200", lost, "0"),
     ]

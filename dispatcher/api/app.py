@@ -22,6 +22,7 @@ import falcon
 import falcon.media
 
 from dispatcher.api import auth, problems
+from dispatcher.api.in_flight import ReleaseInFlight, WorkspaceInFlight
 from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.resources.audit import AuditLog
 from dispatcher.api.resources.base import ApiContext, Resource
@@ -125,8 +126,8 @@ def create_app(config: Config, dsn: str,
                      breaker=config.breaker.policy(), outbound=OutboundPolicy.from_config(config.http),
                      secret_grace=config.secrets.rotation_grace, openapi=_asset("openapi.json"), console=console,
                      console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),
-                     health=HealthCheck(pool))
-    app = DispatcherApp(media_type=falcon.MEDIA_JSON)
+                     health=HealthCheck(pool), in_flight=WorkspaceInFlight(api.requests_in_flight_per_workspace))
+    app = DispatcherApp(media_type=falcon.MEDIA_JSON, middleware=[ReleaseInFlight(ctx.in_flight)])
     app.pool = pool
     app.reads = reads
     handler = falcon.media.JSONHandler(dumps=functools.partial(json.dumps, default=_json_default))

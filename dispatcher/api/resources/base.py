@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import falcon
 
 from dispatcher.api import auth, params
+from dispatcher.api.in_flight import WorkspaceInFlight
 from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.problems import Problem, unprocessable
 from dispatcher.config import ApiConfig
@@ -44,6 +45,7 @@ class ApiContext:
     console_csp: str
     unknown_tokens: auth.UnknownTokens
     health: HealthCheck
+    in_flight: WorkspaceInFlight
 
 
 class Resource:
@@ -58,7 +60,7 @@ def session(ctx: ApiContext, req: falcon.Request, scope: str) -> Iterator[tuple[
     """A pooled connection plus the authenticated principal holding ``scope``."""
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
-        yield conn, _authenticate(ctx, conn, token, scope)
+        yield conn, _authenticate(ctx, req, conn, token, scope)
 
 
 @contextmanager
@@ -77,7 +79,7 @@ def principal(ctx: ApiContext, req: falcon.Request, scope: str) -> auth.Principa
     """The authenticated principal, on a connection held only for the token lookup."""
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
-        return _authenticate(ctx, conn, token, scope)
+        return _authenticate(ctx, req, conn, token, scope)
 
 
 def read(ctx: ApiContext, req: falcon.Request, scope: str, query: Callable[[Connection, auth.Principal], T]) -> T:
@@ -107,13 +109,18 @@ def _plausible_token(ctx: ApiContext, req: falcon.Request) -> str:
     return token
 
 
-def _authenticate(ctx: ApiContext, conn: Connection, token: str, scope: str) -> auth.Principal:
+def _authenticate(ctx: ApiContext, req: falcon.Request, conn: Connection, token: str,
+                  scope: str) -> auth.Principal:
+    """The principal, once its workspace is admitted under its cap of requests in flight (429 if not:
+    raised inside the caller's ``with``, so the connection goes straight back to the pool)."""
     try:
-        return auth.authenticate(conn, token, scope, ctx.unknown_tokens)
+        who = auth.authenticate(conn, token, scope, ctx.unknown_tokens)
     except auth.Unauthenticated as exc:
         raise _unauthorized(str(exc)) from None
     except auth.Forbidden as exc:
         raise Problem(403, "forbidden", "Forbidden", str(exc)) from None
+    ctx.in_flight.admit(req, who.workspace_id)  # released by the app's ReleaseInFlight middleware
+    return who
 
 
 def _unauthorized(detail: str) -> Problem:
