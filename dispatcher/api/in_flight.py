@@ -3,8 +3,10 @@
 The process has ``api.pool_size`` database connections for every tenant.  One
 workspace asking for its largest pages from many clients at once would hold
 them all, and every other tenant's request would queue behind it.  So a
-request counts against its workspace from the moment its token is checked
-until its answer is done, and one over ``api.requests_in_flight_per_workspace``
+request counts against its workspace from the moment its work takes a
+connection (``resources.base``: right after the token check, or after a
+body is read, so a slow upload holds no slot) until its answer is done,
+and one over ``api.requests_in_flight_per_workspace``
 is refused at once with 429 -- it never waits, and never holds a connection
 while waiting.  Unauthenticated routes (``/healthz``, the console page,
 contact confirmation) are never counted: no workspace is known for them.

@@ -60,7 +60,10 @@ def session(ctx: ApiContext, req: falcon.Request, scope: str) -> Iterator[tuple[
     """A pooled connection plus the authenticated principal holding ``scope``."""
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
-        yield conn, _authenticate(ctx, req, conn, token, scope)
+        who = _authenticate(ctx, conn, token, scope)
+        # A refusal is raised inside the ``with``: the connection goes straight back to the pool.
+        ctx.in_flight.admit(req, who.workspace_id)
+        yield conn, who
 
 
 @contextmanager
@@ -76,10 +79,22 @@ def path_action(ctx: ApiContext, req: falcon.Request, raw_id: str,
 
 
 def principal(ctx: ApiContext, req: falcon.Request, scope: str) -> auth.Principal:
-    """The authenticated principal, on a connection held only for the token lookup."""
+    """The authenticated principal, on a connection held only for the token lookup.
+
+    Not yet counted in flight: a route that reads a body next takes its connection with
+    :func:`connection`, so a slow upload holds no slot of its workspace's cap."""
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
-        return _authenticate(ctx, req, conn, token, scope)
+        return _authenticate(ctx, conn, token, scope)
+
+
+@contextmanager
+def connection(ctx: ApiContext, req: falcon.Request, who: auth.Principal) -> Iterator[Connection]:
+    """A pooled connection for ``who``'s work, once the request is admitted under its workspace's cap of
+    requests in flight (429 at once if not, before any connection is taken)."""
+    ctx.in_flight.admit(req, who.workspace_id)  # given back by the app's ReleaseInFlight middleware
+    with ctx.pool.connection() as conn:
+        yield conn
 
 
 def read(ctx: ApiContext, req: falcon.Request, scope: str, query: Callable[[Connection, auth.Principal], T]) -> T:
@@ -95,6 +110,7 @@ def read(ctx: ApiContext, req: falcon.Request, scope: str, query: Callable[[Conn
         with session(ctx, req, scope) as (conn, who):
             return query(conn, who)
     who = principal(ctx, req, scope)
+    ctx.in_flight.admit(req, who.workspace_id)
     return ctx.reads.run(lambda conn: query(conn, who))
 
 
@@ -109,18 +125,13 @@ def _plausible_token(ctx: ApiContext, req: falcon.Request) -> str:
     return token
 
 
-def _authenticate(ctx: ApiContext, req: falcon.Request, conn: Connection, token: str,
-                  scope: str) -> auth.Principal:
-    """The principal, once its workspace is admitted under its cap of requests in flight (429 if not:
-    raised inside the caller's ``with``, so the connection goes straight back to the pool)."""
+def _authenticate(ctx: ApiContext, conn: Connection, token: str, scope: str) -> auth.Principal:
     try:
-        who = auth.authenticate(conn, token, scope, ctx.unknown_tokens)
+        return auth.authenticate(conn, token, scope, ctx.unknown_tokens)
     except auth.Unauthenticated as exc:
         raise _unauthorized(str(exc)) from None
     except auth.Forbidden as exc:
         raise Problem(403, "forbidden", "Forbidden", str(exc)) from None
-    ctx.in_flight.admit(req, who.workspace_id)  # released by the app's ReleaseInFlight middleware
-    return who
 
 
 def _unauthorized(detail: str) -> Problem:

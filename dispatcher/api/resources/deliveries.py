@@ -13,7 +13,7 @@ import falcon
 
 from dispatcher.api import auth, params
 from dispatcher.api.problems import bad_request, not_found, unprocessable
-from dispatcher.api.resources.base import Resource, page, path_action, principal, read
+from dispatcher.api.resources.base import Resource, connection, page, path_action, principal, read
 from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.store import Connection
 from dispatcher.store import deliveries as delivery_store
@@ -123,7 +123,7 @@ class Recover(Resource):
         # The body is read and checked before a connection is taken: a slow
         # upload holds a greenlet, never one of the pool's few connections.
         since, until = _recover_window(params.json_body(req, config.max_body_bytes), config.recover_max_age)
-        with self.ctx.pool.connection() as conn:
+        with connection(self.ctx, req, who) as conn:
             result = delivery_store.recover(conn, who.workspace_id, ident, since, until, self.ctx.replay_budget,
                                             who.token_id)
         resp.status = falcon.HTTP_202
