@@ -70,9 +70,10 @@ class Replay(Resource):
 
 
 # An event's history inlines each delivery's last attempts only: 100 deliveries (replays make any
-# number) of 21 attempts with full excerpts were over 1 MB (issue 23 item 2); with 5 the largest
-# page stays well under 512 KB.  GET /v2/webhooks/deliveries/{id} has every attempt.
-EVENT_ATTEMPTS_INLINE = 5
+# number) of 21 attempts with full excerpts were over 1 MB (issue 23 item 2).  With 3 the largest
+# page stays under 512 KB even when every excerpt is 2-byte UTF-8 (each byte of it 3 in JSON's
+# \u escapes); with 5 it would not.  GET /v2/webhooks/deliveries/{id} has every attempt.
+EVENT_ATTEMPTS_INLINE = 3
 
 
 class EventDeliveries(Resource):
