@@ -343,6 +343,12 @@ class ApiConfig:
                                        "how long a kept-alive connection may idle between requests")
     connection_lifetime: float = setting(300.0, parse_duration,
                                          "a kept-alive connection takes no new request once this old")
+    # Issue 23 item 2: one workspace's clients may hold at most this many of the pool_size
+    # connections at once, so half the pool (4 of the default 8) stays for every other tenant.
+    requests_in_flight_per_workspace: int = setting(
+        4, _positive_int, "requests of one workspace an API process works on at once (counted from the token "
+        "check, or the body's end, to the answer); one more gets 429 with Retry-After: 1 at once. Keep it "
+        "below pool_size")
     max_connections: int = setting(4096, _positive_int, "client connections open at once; more wait to be accepted")
     read_dsn: str = setting("", _optional_dsn, "libpq DSN of a streaming standby for the history reads (GET routes "
                             "but tokens, and the console); empty: the primary. Token checks and writes stay on "

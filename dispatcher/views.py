@@ -50,6 +50,8 @@ def delivery_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
              "response_excerpt": receiver_text(a["response_excerpt"], url)}
             for a in row["attempts"]
         ]
+    if "attempts_omitted" in row:
+        out["attempts_omitted"] = row["attempts_omitted"]
     return out
 
 

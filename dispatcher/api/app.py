@@ -22,6 +22,7 @@ import falcon
 import falcon.media
 
 from dispatcher.api import auth, problems
+from dispatcher.api.in_flight import ReleaseInFlight, WorkspaceInFlight
 from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.resources.audit import AuditLog
 from dispatcher.api.resources.base import ApiContext, Resource
@@ -110,7 +111,7 @@ def create_app(config: Config, dsn: str,
 
     ``bound``: how the server process limits a request's wait for the database
     (``api_main``: a gevent timeout; see ``api/pool.py``).  ``tracer``: the
-    request spans' (default: ``tracing.*``'s; off, the app has no middleware).
+    request spans' (default: ``tracing.*``'s; off, the app has no tracing middleware).
     """
     api = config.api
 
@@ -131,10 +132,12 @@ def create_app(config: Config, dsn: str,
                      breaker=config.breaker.policy(), outbound=OutboundPolicy.from_config(config.http),
                      secret_grace=config.secrets.rotation_grace, openapi=_asset("openapi.json"), console=console,
                      console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),
-                     health=HealthCheck(pool))
+                     health=HealthCheck(pool), in_flight=WorkspaceInFlight(api.requests_in_flight_per_workspace))
     tracer = tracer if tracer is not None else Tracer.from_config(config.tracing, "dispatcher-api")
-    app = DispatcherApp(media_type=falcon.MEDIA_JSON,
-                        middleware=[TracingMiddleware(tracer)] if tracer.enabled else None)
+    middleware: list[object] = [ReleaseInFlight(ctx.in_flight)]
+    if tracer.enabled:
+        middleware.insert(0, TracingMiddleware(tracer))
+    app = DispatcherApp(media_type=falcon.MEDIA_JSON, middleware=middleware)
     app.pool = pool
     app.tracer = tracer
     app.reads = reads

@@ -103,10 +103,14 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
  WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
 
 -- name: api_delivery_attempts
--- The caller passes only ids it already read under the workspace filter.
-SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt, trace_id
-  FROM webhook_delivery_attempts
- WHERE delivery_id = ANY (%(ids)s::bigint[])
+-- The caller passes only ids it already read under the workspace filter.  %(last)s: each delivery's
+-- last so many attempts only (NULL: all); of_delivery says how many the delivery has in all.
+SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt, trace_id, of_delivery
+  FROM (SELECT a.*, row_number() OVER w AS from_end, count(*) OVER (PARTITION BY delivery_id) AS of_delivery
+          FROM webhook_delivery_attempts a
+         WHERE delivery_id = ANY (%(ids)s::bigint[])
+        WINDOW w AS (PARTITION BY delivery_id ORDER BY attempt DESC, id DESC)) a
+ WHERE %(last)s::int IS NULL OR from_end <= %(last)s::int
  ORDER BY delivery_id, attempt, id;
 
 -- name: api_event_exists

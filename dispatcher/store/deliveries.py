@@ -48,28 +48,39 @@ def _excerpt(text: str | None) -> str | None:
     return cut_bytes(text)
 
 
-def _attempts(conn: Connection, ids: Sequence[int]) -> dict[int, list[Row]]:
+def _attempts(conn: Connection, ids: Sequence[int], last: int | None = None) -> tuple[dict[int, list[Row]],
+                                                                                     dict[int, int]]:
+    """Each delivery's attempts in order (only its ``last`` ones, if given), and how many it has in all."""
     by_delivery: dict[int, list[Row]] = {i: [] for i in ids}
+    totals: dict[int, int] = dict.fromkeys(ids, 0)
     if not ids:
-        return by_delivery
-    for row in query_rows(conn, "api_delivery_attempts", {"ids": list(ids)}):
+        return by_delivery, totals
+    for row in query_rows(conn, "api_delivery_attempts", {"ids": list(ids), "last": last}):
         row["response_excerpt"] = _excerpt(row["response_excerpt"])
-        by_delivery[row.pop("delivery_id")].append(row)
-    return by_delivery
+        delivery_id = row.pop("delivery_id")
+        totals[delivery_id] = int(row.pop("of_delivery"))
+        by_delivery[delivery_id].append(row)
+    return by_delivery, totals
 
 
 def list_deliveries(conn: Connection, workspace_id: str, filters: DeliveryFilter, before_id: int | None,
-                    limit: int, with_attempts: bool = False) -> list[Row]:
-    """Up to ``limit`` deliveries below ``before_id``, newest first."""
+                    limit: int, attempts_each: int | None = None) -> list[Row]:
+    """Up to ``limit`` deliveries below ``before_id``, newest first.
+
+    ``attempts_each``: also each delivery's last so many attempts (``attempts``) and the count of its
+    earlier ones left out (``attempts_omitted``): the page's size stays bounded however often a
+    delivery was tried (issue 23 item 2).
+    """
     params = {"workspace_id": workspace_id, "before_id": before_id, "limit": limit,
               "event_id": filters.event_id, "endpoint_id": filters.endpoint_id, "status": filters.status,
               "since": filters.since, "until": filters.until}
     with transaction(conn):
         rows = query_rows(conn, "api_list_deliveries", params)
-        if with_attempts:
-            attempts = _attempts(conn, [r["id"] for r in rows])
+        if attempts_each is not None:
+            attempts, totals = _attempts(conn, [r["id"] for r in rows], attempts_each)
             for row in rows:
                 row["attempts"] = attempts[row["id"]]
+                row["attempts_omitted"] = totals[row["id"]] - len(row["attempts"])
     return rows
 
 
@@ -80,7 +91,7 @@ def get_delivery(conn: Connection, workspace_id: str, delivery_id: int) -> Row:
         if not rows:
             raise NotFound(f"delivery {delivery_id} does not exist")
         row = rows[0]
-        row["attempts"] = _attempts(conn, [delivery_id])[delivery_id]
+        row["attempts"] = _attempts(conn, [delivery_id])[0][delivery_id]
     return row
 
 

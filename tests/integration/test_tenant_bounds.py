@@ -97,3 +97,34 @@ def test_endpoint_stats_are_paginated_and_the_largest_page_is_bounded(world: Wor
     assert max(sizes) < LARGEST_ANSWER
     assert_problem(client.simulate_get("/v2/webhooks/endpoints/stats", headers=bearer(token),
                                        query_string=f"limit={MAX_STATS_LIMIT + 1}"), 400)
+
+
+ATTEMPTS_INLINE = 3  # attempts of each delivery an event's history shows inline (the last ones)
+
+
+def test_an_events_largest_deliveries_page_is_bounded(world: World, client: Client) -> None:
+    """100 deliveries of one event (replays make any number) with 21 attempts each and full excerpts
+    of 2-byte characters (the largest in JSON, which escapes each as 6 bytes):
+    inlined whole that was over 1 MB; the page shows each delivery's last attempts and says how many
+    more the delivery's own route has."""
+    world.workspace("noisy")
+    endpoint = world.endpoint("noisy")
+    event = world.event("noisy", "evt_noisy")
+    world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, attempt, status)"
+              " SELECT 'noisy', %s, %s, 'h', 21, 'dead' FROM generate_series(1, 101)", (endpoint, event))
+    world.sql("INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms,"
+              " result, status_code, error, response_excerpt)"
+              " SELECT d.id, d.endpoint_id, n, now() - make_interval(mins => 30 - n), 120, 'http_5xx', 500, %s, %s"
+              " FROM webhook_deliveries d, generate_series(1, 21) n WHERE d.event_id = %s",
+              ("HTTP 500 " + "e" * 190, "é" * 128, event))  # 256 bytes, 768 in JSON (\u00e9)
+    token = world.token("noisy", auth.READ, auth.WRITE)
+    result = client.simulate_get(f"/v2/events/{event}/deliveries", headers=bearer(token), query_string="limit=100")
+    assert result.status_code == 200, result.text
+    assert len(result.content) < LARGEST_ANSWER, len(result.content)
+    first = result.json["data"][0]
+    assert len(result.json["data"]) == 100 and result.json["next_cursor"] is not None
+    assert [a["attempt"] for a in first["attempts"]] == list(range(22 - ATTEMPTS_INLINE, 22))
+    assert first["attempts_omitted"] == 21 - ATTEMPTS_INLINE
+    # The delivery's own route has them all.
+    whole = client.simulate_get(f"/v2/webhooks/deliveries/{first['id']}", headers=bearer(token))
+    assert [a["attempt"] for a in whole.json["attempts"]] == list(range(1, 22))

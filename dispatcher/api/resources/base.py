@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import falcon
 
 from dispatcher.api import auth, params
+from dispatcher.api.in_flight import WorkspaceInFlight
 from dispatcher.api.pool import ConnectionPool, HealthCheck, ReadRoute
 from dispatcher.api.problems import Problem, unprocessable
 from dispatcher.config import ApiConfig
@@ -44,6 +45,7 @@ class ApiContext:
     console_csp: str
     unknown_tokens: auth.UnknownTokens
     health: HealthCheck
+    in_flight: WorkspaceInFlight
 
 
 class Resource:
@@ -58,7 +60,10 @@ def session(ctx: ApiContext, req: falcon.Request, scope: str) -> Iterator[tuple[
     """A pooled connection plus the authenticated principal holding ``scope``."""
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
-        yield conn, _authenticate(ctx, conn, token, scope)
+        who = _authenticate(ctx, conn, token, scope)
+        # A refusal is raised inside the ``with``: the connection goes straight back to the pool.
+        ctx.in_flight.admit(req, who.workspace_id)
+        yield conn, who
 
 
 @contextmanager
@@ -74,10 +79,22 @@ def path_action(ctx: ApiContext, req: falcon.Request, raw_id: str,
 
 
 def principal(ctx: ApiContext, req: falcon.Request, scope: str) -> auth.Principal:
-    """The authenticated principal, on a connection held only for the token lookup."""
+    """The authenticated principal, on a connection held only for the token lookup.
+
+    Not yet counted in flight: a route that reads a body next takes its connection with
+    :func:`connection`, so a slow upload holds no slot of its workspace's cap."""
     token = _plausible_token(ctx, req)
     with ctx.pool.connection() as conn:
         return _authenticate(ctx, conn, token, scope)
+
+
+@contextmanager
+def connection(ctx: ApiContext, req: falcon.Request, who: auth.Principal) -> Iterator[Connection]:
+    """A pooled connection for ``who``'s work, once the request is admitted under its workspace's cap of
+    requests in flight (429 at once if not, before any connection is taken)."""
+    ctx.in_flight.admit(req, who.workspace_id)  # given back by the app's ReleaseInFlight middleware
+    with ctx.pool.connection() as conn:
+        yield conn
 
 
 def read(ctx: ApiContext, req: falcon.Request, scope: str, query: Callable[[Connection, auth.Principal], T]) -> T:
@@ -93,6 +110,7 @@ def read(ctx: ApiContext, req: falcon.Request, scope: str, query: Callable[[Conn
         with session(ctx, req, scope) as (conn, who):
             return query(conn, who)
     who = principal(ctx, req, scope)
+    ctx.in_flight.admit(req, who.workspace_id)
     return ctx.reads.run(lambda conn: query(conn, who))
 
 

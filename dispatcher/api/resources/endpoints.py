@@ -10,7 +10,16 @@ import falcon
 
 from dispatcher import store
 from dispatcher.api import auth, params
-from dispatcher.api.resources.base import ApiContext, Resource, check_url, page, path_action, principal, read
+from dispatcher.api.resources.base import (
+    ApiContext,
+    Resource,
+    check_url,
+    connection,
+    page,
+    path_action,
+    principal,
+    read,
+)
 from dispatcher.signing import new_secret
 from dispatcher.store import Connection
 from dispatcher.store import endpoints as endpoint_store
@@ -46,7 +55,7 @@ class Endpoints(Resource):
                                 description=body.get("description"), active=body.get("active", True),
                                 owner_contact=body.get("owner_contact"),
                                 trace_headers=body.get("trace_headers", True))
-        with self.ctx.pool.connection() as conn:
+        with connection(self.ctx, req, who) as conn:
             ident = store.register_endpoint(conn, who.workspace_id, new, who.token_id)
             shown = _shown_endpoint(self.ctx, conn, who, ident)
         resp.status = falcon.HTTP_201
@@ -77,7 +86,7 @@ class Endpoint(Resource):
                                                owner_contact=body.get("owner_contact"),
                                                set_owner_contact="owner_contact" in body,
                                                trace_headers=body.get("trace_headers"))
-        with self.ctx.pool.connection() as conn:
+        with connection(self.ctx, req, who) as conn:
             endpoint_store.update_endpoint(conn, who.workspace_id, ident, change, who.token_id)
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)
 

@@ -13,7 +13,7 @@ import falcon
 
 from dispatcher.api import auth, params
 from dispatcher.api.problems import bad_request, unprocessable
-from dispatcher.api.resources.base import Resource, principal, read
+from dispatcher.api.resources.base import Resource, connection, principal, read
 from dispatcher.rules.bulk_replay import DEFAULT_STATUSES, DEFAULT_WINDOW, ReplayFilter, filter_problem
 from dispatcher.store import Connection
 from dispatcher.store import replays as replay_store
@@ -88,7 +88,7 @@ class Replays(Resource):
         # Read and checked before a connection is taken, as for recover.
         rf, dry_run, request_id = parse_filter(params.json_body(req, config.max_body_bytes), config.recover_max_age)
         key = _request_key(req, request_id)
-        with self.ctx.pool.connection() as conn:
+        with connection(self.ctx, req, who) as conn:
             if dry_run:
                 found = replay_store.preview(conn, who.workspace_id, rf, self.ctx.replay_budget,
                                              self.ctx.replay_policy.sample)

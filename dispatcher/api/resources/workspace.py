@@ -6,7 +6,7 @@ import falcon
 
 from dispatcher import store
 from dispatcher.api import auth, params
-from dispatcher.api.resources.base import Resource, check_url, principal, session
+from dispatcher.api.resources.base import Resource, check_url, connection, principal, session
 from dispatcher.views import workspace_json
 
 
@@ -24,7 +24,7 @@ class WorkspaceSettings(Resource):
         params.only(req)
         body = params.workspace_fields(params.json_body(req, self.ctx.config.max_body_bytes))
         check_url(self.ctx, body.get("notify_webhook_url") or None)
-        with self.ctx.pool.connection() as conn:
+        with connection(self.ctx, req, who) as conn:
             store.set_workspace_contacts(
                 conn, who.workspace_id, body.get("owner_contact"), body.get("notify_webhook_url"), who.token_id)
             owner, notify_url, confirmed = store.workspace_contacts(conn, who.workspace_id)

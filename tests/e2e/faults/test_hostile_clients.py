@@ -143,7 +143,9 @@ def test_slow_recover_uploads_do_not_starve_other_workspaces(db, api_config) -> 
     _workspace(db, "other")
     _seed_dead(db, "slow", slow_ep, 3, "slow")
     # Two database connections, and a pool wait short enough that a starved request shows as 503.
-    config = api_config(pool_size=2, database={"connect_timeout": "1s"})
+    # The 8 uploads end at once: a cap of requests in flight below 8 would refuse some with 429
+    # (tests/integration/test_api_in_flight.py); this test is about the wait, not the cap.
+    config = api_config(pool_size=2, requests_in_flight_per_workspace=8, database={"connect_timeout": "1s"})
     slow_token, other_token = create_token(config, "slow"), create_token(config, "other")
     body = json.dumps({"since": (datetime.now(UTC) - timedelta(days=1)).isoformat()}).encode()
     uploads: list[socket.socket] = []

@@ -8,7 +8,8 @@ its largest pages (stats at its largest limit, every list at its largest page) f
 a real API process, while another workspace's ordinary requests and /healthz run.
 
 Nothing asserts on a duration: the other tenant's every request must be answered 200
-within a generous client timeout (30 s; a pool starved for 5 s answers 503), every
+within a generous client timeout (30 s; a pool starved for 5 s answers 503), the storm
+gets 200 or 429 (its workspace's cap of requests in flight), never a 5xx, every
 answer of the storm stays under a byte bound, and the API process's memory grows by
 less than a stated bound while the storm lasts.
 """
@@ -103,8 +104,11 @@ def test_another_tenant_is_answered_while_one_asks_for_its_largest_answers(db: A
     unanswered = [a for a in answers if a.status != 200]
     assert unanswered == [], unanswered
     storm_answers = list(storm.answers)
-    assert storm_answers and [a for a in storm_answers if a.status != 200] == []
-    assert {a.path.split("?")[0] for a in storm_answers} >= {"/v2/webhooks/endpoints/stats"}
+    # Past its cap of requests in flight (api.requests_in_flight_per_workspace) the storm is refused
+    # with 429; it is never answered with a 5xx, and some of its largest pages are served.
+    assert storm_answers and [a for a in storm_answers if a.status not in (200, 429)] == []
+    served = [a for a in storm_answers if a.status == 200]
+    assert {a.path.split("?")[0] for a in served} >= {"/v2/webhooks/endpoints/stats"}
     largest = max(storm_answers, key=lambda a: a.size)
     assert largest.size < LARGEST_ANSWER, largest
     assert rss.peak - before < RSS_GROWTH, f"the API grew from {before >> 20} MB to {rss.peak >> 20} MB"
