@@ -134,7 +134,7 @@ def create_app(config: Config, dsn: str,
                      console_csp=_csp_for(console), unknown_tokens=auth.UnknownTokens(),
                      health=HealthCheck(pool), in_flight=WorkspaceInFlight(api.requests_in_flight_per_workspace))
     tracer = tracer if tracer is not None else Tracer.from_config(config.tracing, "dispatcher-api")
-    middleware: list[object] = [ReleaseInFlight(ctx.in_flight)]
+    middleware: list[Any] = [ReleaseInFlight(ctx.in_flight)]
     if tracer.enabled:
         middleware.insert(0, TracingMiddleware(tracer))
     app = DispatcherApp(media_type=falcon.MEDIA_JSON, middleware=middleware)
