@@ -186,12 +186,14 @@ INDEXES = {
 }
 
 CHECKED_VALUES = {
-    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead", "shadow"},
+    ("webhook_deliveries", "status"): {"pending", "held", "delivered", "failed", "dead", "shadow"},
     ("webhook_deliveries", "mode"): {"live", "shadow"},
     ("endpoint_state", "state"): {"closed", "open", "half_open"},
     ("rollout_workspaces", "list"): {"include", "exclude"},
     ("webhook_endpoints", "purpose"): {"customer", "operational"},
-    ("breaker_notices", "kind"): {"opened", "recovered"},
+    ("breaker_notices", "kind"): {"opened", "will_pause", "paused", "expiring", "recovered"},
+    ("webhook_endpoints", "pause_cause"): {"customer", "operator", "lifecycle"},
+    ("endpoint_lifecycle", "stage"): {"healthy", "failing", "will_pause", "paused"},
 }
 
 FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",)),
