@@ -133,11 +133,15 @@ class Upkeep:
 
     def _keep_paused(self) -> None:
         """Paused endpoints (migration 0020): hold the stragglers a producer wrote pending across the
-        pause, end the rows held longer than ``endpoints.hold_for`` (their owner was told beforehand),
-        and publish the held gauges."""
+        pause, release held rows whose endpoint is no longer paused (or gone), end the rows held longer
+        than ``endpoints.hold_for`` (their owner was told beforehand), and publish the held gauges."""
         stragglers = self._store.hold_stragglers()
         if stragglers:
             log.info("held %d rows written pending for paused endpoints", stragglers)
+        released = self._store.release_unpaused()
+        if released:
+            log.info("released %d held rows of endpoints no longer paused (deleted, or resumed during a send)",
+                     released)
         expired = self._repeat_until_short(
             lambda: self._store.expire_held(self._config.endpoints.hold_for, SWEEP_BATCH), SWEEP_BATCH)
         if expired:

@@ -550,3 +550,28 @@ RETURNING w.id;
 -- The held gauges: paused endpoints and their held rows (webhook_deliveries_held).
 SELECT (SELECT count(*) FROM webhook_endpoints WHERE paused_at IS NOT NULL) AS paused_endpoints,
        (SELECT count(*) FROM webhook_deliveries WHERE status = 'held') AS held_rows;
+
+-- name: engine_release_unpaused
+-- Held rows whose endpoint is not paused (any more): deleted with its
+-- workspace or by SQL, resumed by SQL, or resumed while a producer that read
+-- it paused had not committed yet.  They become pending again, so the claim
+-- sends them (or ends them: endpoint deleted).  The endpoints with held rows
+-- are walked as the claim walks pending ones (a loose index scan over
+-- webhook_deliveries_held): a round reads one index entry per such endpoint,
+-- however many rows they hold.
+WITH RECURSIVE holding(endpoint_id) AS (
+    (SELECT endpoint_id FROM webhook_deliveries WHERE status = 'held' ORDER BY endpoint_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
+             WHERE d.status = 'held' AND d.endpoint_id > h.endpoint_id ORDER BY d.endpoint_id LIMIT 1)
+      FROM holding h WHERE h.endpoint_id IS NOT NULL
+), unpaused AS (
+    SELECT h.endpoint_id FROM holding h
+     WHERE h.endpoint_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.endpoint_id AND e.paused_at IS NOT NULL)
+)
+UPDATE webhook_deliveries d
+   SET status = 'pending'
+  FROM unpaused u
+ WHERE d.endpoint_id = u.endpoint_id AND d.status = 'held'
+RETURNING d.id;

@@ -481,6 +481,12 @@ class EngineStore:
             cur.execute(QUERIES["engine_hold_stragglers"])
             return len(cur.fetchall())
 
+    def release_unpaused(self) -> int:
+        """Make pending the held rows whose endpoint is not paused (gone, or resumed around a producer)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_release_unpaused"])
+            return len(cur.fetchall())
+
     def expire_held(self, hold_for: float, limit: int) -> int:
         """End up to ``limit`` rows held longer than ``hold_for`` seconds ``dead`` (``retry.HELD_EXPIRED``)."""
         with self._conn.statement() as cur:

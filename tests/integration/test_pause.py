@@ -228,3 +228,16 @@ def test_the_lifecycle_warns_pauses_losslessly_and_tells_each_stage_once(db) -> 
     assert _statuses(db, endpoint) == {"pending": 3} and _statuses(db, other) == {"pending": 3}
     assert query(db.dsn, "SELECT kind FROM breaker_notices ORDER BY created_at, kind") == [
         ("opened",), ("will_pause",), ("paused",), ("recovered",)]
+
+
+def test_held_rows_of_an_endpoint_no_longer_paused_are_released(db) -> None:
+    """A producer that read the endpoint paused commits after the resume; an endpoint deleted by SQL."""
+    resumed, gone, paused = seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:9/{n}" for n in range(3)])
+    for endpoint in (resumed, gone, paused):
+        _pause(db, endpoint)
+    _send(db, "e1")
+    _resume(db, resumed)
+    query(db.dsn, "UPDATE webhook_deliveries SET status = 'held' WHERE endpoint_id = %s", (resumed,))
+    query(db.dsn, "DELETE FROM webhook_endpoints WHERE id = %s", (gone,))
+    assert _engine(db).release_unpaused() == 2
+    assert [_statuses(db, e) for e in (resumed, gone, paused)] == [{"pending": 1}, {"pending": 1}, {"held": 1}]
