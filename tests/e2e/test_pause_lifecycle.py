@@ -86,3 +86,31 @@ def test_paused_by_the_lifecycle_5000_held_then_resumed_each_arrives_once(db, wr
     kinds = query(db.dsn, "SELECT kind, count(*) FROM breaker_notices WHERE endpoint_id = %s GROUP BY kind "
                           "ORDER BY kind", (failing,))
     assert kinds == [("opened", 1), ("paused", 1), ("recovered", 1), ("will_pause", 1)]
+
+
+def _cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "bin" / "dispatcher"), "-c", str(config), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_operator_pause_resume_and_delete_asks_for_yes(db, write_config) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/hook"])
+    config = write_config(db)
+    produce(config, db.dsn, "ws", 3)
+    paused = _cli(config, "endpoint", "pause", str(endpoint))
+    assert paused.returncode == 0 and "paused, 3 pending row(s) held" in paused.stdout, paused.stderr
+    listed = _cli(config, "endpoint", "list", "--workspace", "ws")
+    assert "paused (operator) held 3" in listed.stdout, listed.stdout
+    refused = _cli(config, "endpoint", "delete", str(endpoint))
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "holds 3" in refused.stderr and "--yes" in refused.stderr
+    assert _count(db.dsn, endpoint, "held") == 3, "nothing changed"
+    resumed = _cli(config, "endpoint", "resume", str(endpoint))
+    assert "resumed, 3 held row(s) pending again (paused by operator" in resumed.stdout, resumed.stderr
+    _cli(config, "endpoint", "pause", str(endpoint))
+    deleted = _cli(config, "endpoint", "delete", str(endpoint), "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert query(db.dsn, "SELECT status, last_error, count(*) FROM webhook_deliveries GROUP BY 1, 2") == [
+        ("failed", "endpoint deleted", 3)]
+    assert [a for (a,) in query(db.dsn, "SELECT action FROM api_audit ORDER BY id")] == [
+        "endpoint.pause", "endpoint.resume", "endpoint.pause", "endpoint.delete"]
