@@ -48,7 +48,7 @@ from dispatcher.outbound.netguard import OutboundError, OutboundPolicy, parse_ta
 from dispatcher.redact import scrub
 from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.lifecycle import Decision, Facts, LifecyclePolicy, decide
-from dispatcher.store.notices import ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
+from dispatcher.store.notices import ClaimedNotice, Decide, NewNotice, NoticeStore, OperationalWebhook
 
 log = logging.getLogger("dispatcher.notifier")
 
@@ -127,7 +127,7 @@ def operational_webhook(notice: NewNotice) -> OperationalWebhook | None:
         payload_hash=hashlib.sha256(payload.encode("utf-8")).hexdigest())
 
 
-def lifecycle_step(policy: LifecyclePolicy) -> Any:
+def lifecycle_step(policy: LifecyclePolicy) -> Decide:
     """The round's decision for one endpoint: the rule's, with the dates each notice states."""
     def step(facts: Facts, now: float) -> tuple[Decision, dict[str, dict[str, Any]]]:
         decision = decide(policy, facts, now)
