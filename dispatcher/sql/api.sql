@@ -305,11 +305,19 @@ SELECT count(*) AS held FROM webhook_deliveries WHERE endpoint_id = %(id)s AND s
 
 -- name: api_end_held
 -- A deleted endpoint's held rows end failed like its pending ones (the
--- deletion was confirmed: store.endpoints.delete_endpoint).
-UPDATE webhook_deliveries
-   SET status = 'failed', last_error = %(reason)s, finished_at = now()
- WHERE endpoint_id = %(id)s AND status = 'held'
-RETURNING id;
+-- deletion was confirmed: store.endpoints.delete_endpoint), each with the
+-- same history entry as api_end_pending writes.  A held row is never leased.
+WITH ended AS (
+    UPDATE webhook_deliveries
+       SET status = 'failed', last_error = %(reason)s, finished_at = now(), attempt = attempt + 1,
+           locked_by = NULL, locked_until = NULL, claim_token = NULL
+     WHERE endpoint_id = %(id)s AND status = 'held'
+    RETURNING id, endpoint_id, attempt
+), history AS (
+    INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, error)
+    SELECT id, endpoint_id, attempt, now(), 0, 'failed', %(reason)s FROM ended
+)
+SELECT id FROM ended;
 
 -- name: api_pause_endpoint
 -- Pause (migration 0020): stamp the endpoint (a second pause keeps the first
