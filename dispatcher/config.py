@@ -27,12 +27,14 @@ from dispatcher.contacts import InvalidContact, check_email
 from dispatcher.durations import format_duration
 from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.rules.health import BacklogRule, FleetRule
+from dispatcher.rules.lifecycle import LifecyclePolicy
 from dispatcher.rules.retry import RetryPolicies, RetryPolicy
 from dispatcher.signing import ROTATION_GRACE
 
 # The retry and breaker settings default to the policies' own values, declared once there.
 _RETRY_DEFAULTS = RetryPolicy()
 _BREAKER = BreakerPolicy()
+_LIFECYCLE = LifecyclePolicy()
 # So do the alert thresholds: the rules' own (RFC-014 "Backlog growth"), declared once in dispatcher/rules/health.py.
 _BACKLOG_DEFAULTS = BacklogRule()
 _FLEET_DEFAULTS = FleetRule()
@@ -466,6 +468,25 @@ class BreakerConfig:
 
 
 @dataclass(frozen=True)
+class EndpointsConfig:
+    # The defaults are the rule's own, declared once there (issue 24; docs/operations.md, "Endpoint lifecycle").
+    disable_after: float = setting(_LIFECYCLE.disable_after, parse_duration,
+                                   "a breaker that keeps reopening this long pauses its endpoint (events held)")
+    warn_before: float = setting(_LIFECYCLE.warn_before, parse_duration,
+                                 "how long before the automatic pause, and before held events expire, the owner "
+                                 "is told")
+    hold_for: float = setting(_LIFECYCLE.hold_for, parse_duration,
+                              "how long a paused endpoint's events are held before they become dead")
+    flap_window: float = setting(_LIFECYCLE.flap_window, parse_duration,
+                                 "a closed breaker must stay closed this long to end its episode (recovered "
+                                 "notice); a reopen sooner continues it, silently")
+
+    def lifecycle_policy(self) -> LifecyclePolicy:
+        return LifecyclePolicy(disable_after=self.disable_after, warn_before=self.warn_before,
+                               hold_for=self.hold_for, flap_window=self.flap_window)
+
+
+@dataclass(frozen=True)
 class SecretsConfig:
     rotation_grace: float = setting(ROTATION_GRACE, parse_duration,
                                     "after a secret rotation, how long the previous secret also signs every delivery")
@@ -505,6 +526,7 @@ class Config:
     http: HttpConfig = field(default_factory=HttpConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    endpoints: EndpointsConfig = field(default_factory=EndpointsConfig)
     statsd: StatsdConfig = field(default_factory=StatsdConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)

@@ -101,6 +101,19 @@ def endpoint_json(row: dict[str, Any], policy: BreakerPolicy, whole_url: bool) -
         "last_success_at": timestamp(row["last_success_at"]),
         "last_failure_at": timestamp(row["last_failure_at"]),
         "last_error": row["last_error"] if whole_url else receiver_text(row["last_error"], row["url"]),
+        **lifecycle_json(row),
+    }
+
+
+def lifecycle_json(row: dict[str, Any]) -> dict[str, Any]:
+    """The pause (who and since when), the rows it holds, and the lifecycle's stage and next step
+    (docs/operations.md, "Pausing an endpoint" and "Endpoint lifecycle")."""
+    return {
+        "paused": {"paused": row["paused_at"] is not None, "paused_at": timestamp(row["paused_at"]),
+                   "cause": row["pause_cause"]},
+        "held": {"count": row["held_count"], "oldest_created_at": timestamp(row["oldest_held_at"])},
+        "lifecycle": {"stage": "paused" if row["paused_at"] is not None else row["lifecycle_stage"],
+                      "next_step": row["next_step"], "next_step_at": timestamp(row["next_step_at"])},
     }
 
 

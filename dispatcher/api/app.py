@@ -29,7 +29,7 @@ from dispatcher.api.resources.base import ApiContext, Resource
 from dispatcher.api.resources.contacts import ContactConfirm
 from dispatcher.api.resources.deliveries import Deliveries, Delivery, EventDeliveries, Recover, Replay
 from dispatcher.api.resources.documents import Console, OpenApi
-from dispatcher.api.resources.endpoints import BreakerClose, Endpoint, Endpoints, SecretRotate
+from dispatcher.api.resources.endpoints import BreakerClose, Endpoint, Endpoints, Pause, Resume, SecretRotate
 from dispatcher.api.resources.health import Health
 from dispatcher.api.resources.replays import ReplayJob, Replays
 from dispatcher.api.resources.stats import EndpointStats
@@ -56,6 +56,8 @@ ROUTES: tuple[tuple[str, type[Resource]], ...] = (
     ("/v2/webhooks/endpoints", Endpoints),
     ("/v2/webhooks/endpoints/{endpoint_id}/breaker/close", BreakerClose),
     ("/v2/webhooks/endpoints/{endpoint_id}/secret/rotate", SecretRotate),
+    ("/v2/webhooks/endpoints/{endpoint_id}/pause", Pause),
+    ("/v2/webhooks/endpoints/{endpoint_id}/resume", Resume),
     ("/v2/webhooks/tokens", Tokens),
     ("/v2/webhooks/workspace", WorkspaceSettings),
     ("/v2/webhooks/audit", AuditLog),

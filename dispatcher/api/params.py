@@ -30,7 +30,7 @@ MIN_STATS_WINDOW, MAX_STATS_WINDOW = 3600, 7 * 86400
 DEFAULT_STATS_BUCKETS, MAX_STATS_BUCKETS = 24, 96
 # Endpoints per stats page: 25 endpoints of 96 buckets answer about 300 KB (100 took 1.1 MB).
 DEFAULT_STATS_LIMIT = MAX_STATS_LIMIT = 25
-STATUSES = ("pending", "delivered", "failed", "dead", "shadow")
+STATUSES = ("pending", "held", "delivered", "failed", "dead", "shadow")
 
 _INT = re.compile(r"[0-9]{1,19}")
 # RFC 3339 date-time: a full date, 'T', a time and a mandatory offset.

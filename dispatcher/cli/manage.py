@@ -56,15 +56,19 @@ def lifetime(text: str) -> float:
 
 
 def add_endpoint_parsers(endpoint: Any, event_types: Callable[[str], list[str]]) -> None:
-    """``endpoint list|show|update|delete|close-breaker|rotate-secret``."""
+    """``endpoint list|show|update|delete|close-breaker|rotate-secret|pause|resume``."""
     listing = endpoint.add_parser("list", help="a workspace's endpoints with breaker state and backlog")
     listing.add_argument("--workspace", required=True)
     listing.add_argument("--json", action="store_true", help="one JSON document, as the API shows it")
     for verb, text in (("show", "one endpoint as JSON, as the API shows it"),
-                       ("delete", "delete an endpoint; its pending rows end failed"),
                        ("close-breaker", "close the endpoint's breaker now; its pending rows are due at once"),
-                       ("rotate-secret", "give the endpoint a new signing secret; prints it once")):
+                       ("rotate-secret", "give the endpoint a new signing secret; prints it once"),
+                       ("pause", "pause an endpoint: its events are held, none sent, until resumed"),
+                       ("resume", "resume a paused endpoint: its held events are sent, oldest first")):
         endpoint.add_parser(verb, help=text).add_argument("id", type=endpoint_id)
+    delete = endpoint.add_parser("delete", help="delete an endpoint; its pending (and held) rows end failed")
+    delete.add_argument("id", type=endpoint_id)
+    delete.add_argument("--yes", action="store_true", help="confirm ending the rows a paused endpoint holds")
     update = endpoint.add_parser("update", help="change an endpoint's URL, event types, description, owner or "
                                  "active flag")
     update.add_argument("id", type=endpoint_id)
@@ -129,14 +133,16 @@ def run_endpoint_action(config: Config, args: argparse.Namespace, conn: store.Co
             print(json.dumps({"workspace": args.workspace, "endpoints": shown}, indent=2))
         for e in [] if args.json else shown:
             print(f"{e['id']:>8}  {'active  ' if e['active'] else 'inactive'}  {e['breaker']['state']:<9}  "
-                  f"pending {e['pending']['count']:>6}  {e['url']}")
+                  f"pending {e['pending']['count']:>6}  {_held(e)}{e['url']}")
         return ExitCode.OK
     if args.action == "update":
         endpoint_store.update_endpoint(conn, None, args.id, _change(config, args, registrable), token_id=None)
     elif args.action == "delete":
-        endpoint_store.delete_endpoint(conn, None, args.id, token_id=None)
+        endpoint_store.delete_endpoint(conn, None, args.id, token_id=None, confirm_held=args.yes)
         print(f"endpoint {args.id} deleted")
         return ExitCode.OK
+    elif args.action in ("pause", "resume"):
+        return _pause_or_resume(conn, args)
     elif args.action == "close-breaker":
         made_due = endpoint_store.close_breaker(conn, None, args.id, token_id=None)
         print(f"endpoint {args.id}: breaker closed, {made_due} pending row(s) made due now")
@@ -148,6 +154,20 @@ def run_endpoint_action(config: Config, args: argparse.Namespace, conn: store.Co
         print(f"the previous secret also signs until {until.isoformat()}", file=sys.stderr)
         return ExitCode.OK
     print(json.dumps(_endpoint_json(config, endpoint_store.endpoint_state(conn, None, args.id, grace)), indent=2))
+    return ExitCode.OK
+
+
+def _pause_or_resume(conn: store.Connection, args: argparse.Namespace) -> int:
+    """An operator's pause or resume (audited, no token)."""
+    if args.action == "pause":
+        done = endpoint_store.pause_endpoint(conn, None, args.id, "operator", token_id=None)
+        print(f"endpoint {args.id}: paused, {done.rows} pending row(s) held" if done.changed else
+              f"endpoint {args.id}: already paused since {_when(done.paused_at)} ({done.cause}); "
+              f"{done.rows} more row(s) held")
+        return ExitCode.OK
+    done = endpoint_store.resume_endpoint(conn, None, args.id, token_id=None)
+    print(f"endpoint {args.id}: resumed, {done.rows} held row(s) pending again (paused by {done.cause} since "
+          f"{_when(done.paused_at)})" if done.changed else f"endpoint {args.id}: not paused")
     return ExitCode.OK
 
 
@@ -167,3 +187,9 @@ def run_token_action(args: argparse.Namespace, conn: store.Connection) -> int:
               f"{_when(t['created_at']):<19}  {_when(t['expires_at']):<19}  {_when(t['last_used_at']):<19}  "
               f"{_when(t['revoked_at'])}")
     return ExitCode.OK
+
+
+def _held(shown: dict[str, Any]) -> str:
+    """The list's pause column: empty unless paused."""
+    pause = shown["paused"]
+    return f"paused ({pause['cause']}) held {shown['held']['count']}  " if pause["paused"] else ""

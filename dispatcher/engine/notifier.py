@@ -1,21 +1,26 @@
-"""Q3: the people who own an endpoint hear when its breaker opens and when it
-closes again (docs/decisions.md, Q3; docs/operations.md, "Breaker notices").
+"""Q3: the people who own an endpoint hear of each stage of its lifecycle --
+failing (the breaker opened), will be paused, paused, held events expiring,
+recovered -- once per episode (docs/decisions.md, Q3; docs/operations.md,
+"Breaker notices" and "Endpoint lifecycle"; the stages are
+``dispatcher.rules.lifecycle``'s).
 
 * **Who.** The endpoint's ``owner_contact``, else its workspace's, else the
   operator address ``notifier.smtp_to`` (:func:`recipient`); an owner contact
-  only once it is confirmed (issue 23 item 6).
+  only once it is confirmed (issue 23 item 6).  Every kind of notice, each
+  lifecycle stage alike, goes to that recipient.
 * **Confirmed.** Customers name owner contacts, so an address is asked first:
   each contact in use gets one mail with a link (``notifier.confirm_url``
   ``?token=``; only the token's SHA-256 is stored), and the API's confirm route
   marks it confirmed (:class:`ContactConfirmations`).  Until then its notices
   go to the workspace's confirmed owner, else the operator.
 * **How many.** No address gets more than ``notifier.mails_per_recipient_hour``
-  mails an hour, notices and confirmation requests alike; more wait, none is
-  dropped (:class:`dispatcher.rules.mail_rate.MailRate`).
-* **Once.** A notice is a row of ``breaker_notices`` keyed by (endpoint, open
-  episode, kind): ``opened`` and ``recovered`` are each written once per
-  episode by whichever process finds them first (INSERT ... ON CONFLICT DO
-  NOTHING), and each mail is claimed by one sender at a time.
+  mails an hour, notices of every kind and confirmation requests alike; more
+  wait, none is dropped (:class:`dispatcher.rules.mail_rate.MailRate`).
+* **Once.** A notice is a row of ``breaker_notices`` keyed by (endpoint,
+  lifecycle episode, kind): each kind is written once per episode by the one
+  process holding the round (INSERT ... ON CONFLICT DO NOTHING besides), and
+  each mail is claimed by one sender at a time.  The same round pauses an
+  endpoint whose breaker kept reopening for ``endpoints.disable_after``.
 * **How.** ``notifier.kind``: ``log`` (default) writes a WARNING, ``smtp`` mails
   through the relay (TLS and AUTH per ``notifier.smtp_*``).  A failed mail is
   tried again ``notifier.smtp_attempts`` times in all, with doubling waits
@@ -43,8 +48,9 @@ import smtplib
 import ssl
 from collections.abc import Container
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from email.message import EmailMessage
-from typing import Protocol
+from typing import Any, Protocol
 
 import gevent
 
@@ -53,15 +59,25 @@ from dispatcher.contacts import InvalidContact, check_email, token_hash
 from dispatcher.outbound.netguard import OutboundError, OutboundPolicy, parse_target
 from dispatcher.redact import scrub
 from dispatcher.rules.backoff import Backoff
+from dispatcher.rules.lifecycle import Decision, Facts, LifecyclePolicy, decide
 from dispatcher.rules.mail_rate import MailRate
-from dispatcher.store.notices import ClaimedConfirmation, ClaimedNotice, NewNotice, NoticeStore, OperationalWebhook
+from dispatcher.store.notices import (
+    ClaimedConfirmation,
+    ClaimedNotice,
+    Decide,
+    NewNotice,
+    NoticeStore,
+    OperationalWebhook,
+)
 
 log = logging.getLogger("dispatcher.notifier")
 
 # Mails claimed per round: a round sends them one after another, so this and
 # notifier.smtp_timeout bound how long a round can take.
 MAILS_PER_ROUND = 20
-EVENT_TYPES = {"opened": "webhook.endpoint.breaker_opened", "recovered": "webhook.endpoint.breaker_recovered"}
+EVENT_TYPES = {"opened": "webhook.endpoint.breaker_opened", "will_pause": "webhook.endpoint.will_pause",
+               "paused": "webhook.endpoint.paused", "expiring": "webhook.endpoint.held_expiring",
+               "recovered": "webhook.endpoint.breaker_recovered"}
 # Parses any URL for comparison only; sending applies the real policy.
 _ANY_URL = OutboundPolicy(require_https=False, allow_private_networks=True)
 
@@ -94,8 +110,8 @@ def recipient(endpoint_owner: str | None, workspace_owner: str | None, operator:
 def confirmation_mail(workspace_id: str, link: str) -> tuple[str, str]:
     """(subject, body) of the mail that asks an owner contact to confirm it wants notices."""
     return (f"Confirm webhook notices for workspace {workspace_id}",
-            f"Workspace {workspace_id} named this address to hear when one of its webhook endpoints fails "
-            f"and recovers.\n\nTo get these notices, open this link and confirm:\n\n{link}\n\n"
+            f"Workspace {workspace_id} named this address to hear when one of its webhook endpoints fails, "
+            f"will be or is paused, and recovers.\n\nTo get these notices, open this link and confirm:\n\n{link}\n\n"
             f"If you did not expect this mail, ignore it: nothing more is sent to this address until it is "
             f"confirmed.\n")
 
@@ -135,7 +151,8 @@ def operational_webhook(notice: NewNotice) -> OperationalWebhook | None:
                     "the failing endpoint itself", notice.endpoint_id, notice.kind, notice.episode)
         return None
     payload = json.dumps({"endpoint_id": notice.endpoint_id, "episode": notice.episode,
-                          "breaker": "open" if notice.kind == "opened" else "closed",
+                          "breaker": "closed" if notice.kind == "recovered" else "open",
+                          "stage": notice.kind, **notice.detail,
                           "consecutive_failures": notice.consecutive_failures,
                           "last_error": notice.last_error}, separators=(",", ":"))
     return OperationalWebhook(
@@ -145,19 +162,56 @@ def operational_webhook(notice: NewNotice) -> OperationalWebhook | None:
         payload_hash=hashlib.sha256(payload.encode("utf-8")).hexdigest())
 
 
+def lifecycle_step(policy: LifecyclePolicy) -> Decide:
+    """The round's decision for one endpoint: the rule's, with the dates each notice states."""
+    def step(facts: Facts, now: float) -> tuple[Decision, dict[str, dict[str, Any]]]:
+        decision = decide(policy, facts, now)
+        at = _iso(decision.next_step_at)
+        details: dict[str, dict[str, Any]] = {
+            "opened": {"pause_at": at} if decision.next_step == "paused" else {},
+            "will_pause": {"pause_at": at},
+            "paused": {"expires_at": at},
+            "expiring": {"expires_at": at},
+        }
+        return decision, details
+    return step
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
 def mail_text(notice: ClaimedNotice) -> tuple[str, str]:
     """(subject, body) of a notice's mail.  The URL is shown as its host only: paths often carry credentials."""
     host = _host(notice.url)
     where = f"Webhook endpoint {notice.endpoint_id} ({host}) of workspace {notice.workspace_id}"
+    detail = notice.detail or {}
     if notice.kind == "opened":
-        return (f"Webhook endpoint {notice.endpoint_id} paused after repeated failures",
+        pause_at = detail.get("pause_at")
+        later = (f" If it keeps failing until {pause_at}, it will be paused (its events held, not lost)."
+                 if pause_at else "")
+        return (f"Webhook endpoint {notice.endpoint_id} is failing; its deliveries wait",
                 f"{where} failed {notice.consecutive_failures} times in a row (last error: "
-                f"{notice.last_error or 'unknown'}).\n\nDeliveries to it are paused, not lost: they stay pending "
-                f"and one is sent as a probe after the breaker's cool-off. You will get one more mail when it "
-                f"recovers.\n")
+                f"{notice.last_error or 'unknown'}).\n\nDeliveries to it wait, not lost: they stay pending "
+                f"and one is sent as a probe after the breaker's cool-off.{later} You will get one more mail when "
+                f"it recovers.\n")
+    if notice.kind == "will_pause":
+        return (f"Webhook endpoint {notice.endpoint_id} will be paused at {detail.get('pause_at')}",
+                f"{where} has kept failing (last error: {notice.last_error or 'unknown'}). If it still fails at "
+                f"{detail.get('pause_at')}, it will be paused: new events are kept for it, not sent and not "
+                f"lost, until it is resumed. Fix the receiver, or pause it yourself.\n")
+    if notice.kind == "paused":
+        return (f"Webhook endpoint {notice.endpoint_id} is paused; its events are held",
+                f"{where} is paused ({detail.get('cause')}). Its events are held, not sent and not lost, until "
+                f"it is resumed (API: POST /v2/webhooks/endpoints/{notice.endpoint_id}/resume, or the console). "
+                f"Events held longer than the hold period become dead from {detail.get('expires_at')}.\n")
+    if notice.kind == "expiring":
+        return (f"Webhook endpoint {notice.endpoint_id}: held events expire at {detail.get('expires_at')}",
+                f"{where} is still paused. Its held events become dead from {detail.get('expires_at')} unless "
+                f"it is resumed before.\n")
     return (f"Webhook endpoint {notice.endpoint_id} recovered",
-            f"{where} answered again: its breaker closed and the deliveries held while it was open are "
-            f"flowing again.\n")
+            f"{where} answered again (or was resumed): its breaker closed and the deliveries held while it "
+            f"was failing or paused are flowing again.\n")
 
 
 def _host(url: str | None) -> str:
@@ -232,6 +286,7 @@ class OwnerNotices:
         self._notifier = notifier or make_notifier(config)
         self._retry = MailRetry(config.notifier.smtp_attempts, Backoff(base=config.notifier.retry_base))
         self._rate = MailRate(config.notifier.mails_per_recipient_hour)
+        self._step = lifecycle_step(config.endpoints.lifecycle_policy())
         self._retention = config.retention.dead
         # A claimed mail is due again after this: long enough for a whole round of sends.
         self._lease = config.notifier.smtp_timeout * (MAILS_PER_ROUND + 1) + 60.0
@@ -239,7 +294,11 @@ class OwnerNotices:
                                                    self._lease)
 
     def run_once(self, prune: bool = False) -> None:
-        for notice in self._store.discover(operational_webhook):
+        written, paused = self._store.lifecycle(self._step, operational_webhook)
+        for endpoint_id in paused:
+            log.warning("endpoint %d paused: its breaker kept reopening for endpoints.disable_after; its events "
+                        "are held until it is resumed event=endpoint_paused", endpoint_id)
+        for notice in written:
             log.info("breaker notice %s endpoint_id=%d episode=%d written event=breaker_notice",
                      notice.kind, notice.endpoint_id, notice.episode)
         self._confirmations.run_once()

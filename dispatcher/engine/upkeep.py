@@ -11,7 +11,8 @@ alert's episodes in the database for the rollout gates (``backlog_samples``,
 ``alert_episodes``), publishes the breaker gauges, ends the rows whose last
 chance is spent (``dispatcher.rules.breaker.last_chance_spent``: past their
 retry ceiling behind an open breaker that opened after it; claims skip those
-rows, so nothing else would ever end them), and applies retention
+rows, so nothing else would ever end them), keeps paused endpoints' rows
+held and ends those held past ``endpoints.hold_for``, and applies retention
 (docs/decisions.md, Q2): dead and failed rows, delivered rows and attempt
 history are pruned in batches once they are older than ``retention.*``.
 """
@@ -75,6 +76,7 @@ class Upkeep:
         self._check_backlog()
         self._publish_breakers()
         self._sweep_expired()
+        self._keep_paused()
         self._store.prune_lapsed_leases()
         self._prune()
 
@@ -128,6 +130,25 @@ class Upkeep:
         if count:
             log.info("swept %d rows to dead: their retry window ended and their endpoint failed again after it "
                      "(breaker open)", count)
+
+    def _keep_paused(self) -> None:
+        """Paused endpoints (migration 0020): hold the stragglers a producer wrote pending across the
+        pause, release held rows whose endpoint is no longer paused (or gone), end the rows held longer
+        than ``endpoints.hold_for`` (their owner was told beforehand), and publish the held gauges."""
+        stragglers = self._store.hold_stragglers()
+        if stragglers:
+            log.info("held %d rows written pending for paused endpoints", stragglers)
+        released = self._store.release_unpaused()
+        if released:
+            log.info("released %d held rows of endpoints no longer paused (deleted, or resumed during a send)",
+                     released)
+        expired = self._repeat_until_short(
+            lambda: self._store.expire_held(self._config.endpoints.hold_for, SWEEP_BATCH), SWEEP_BATCH)
+        if expired:
+            log.warning("ended %d held rows dead: held longer than endpoints.hold_for while their endpoint was "
+                        "paused", expired)
+        paused, held = self._store.held_figures()
+        self._metrics.gauges([("webhook_paused_endpoints", paused), ("webhook_held_rows", held)])
 
     def _prune(self) -> None:
         """Q2: dead and failed rows are kept ``retention.dead`` after they ended

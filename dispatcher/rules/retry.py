@@ -8,7 +8,8 @@ test with exact numbers.
 
 Two clocks appear and they are deliberately different:
 
-* ``age`` is seconds since the delivery row was created, measured by the
+* ``age`` is seconds since the delivery row was created, less the time it
+  was held while its endpoint was paused (migration 0020), measured by the
   *database* clock, so that the 24 h ceiling means the same thing on every
   worker whatever its local clock says.
 * ``now`` is unix seconds, used only to turn an HTTP-date ``Retry-After`` into
@@ -360,6 +361,8 @@ ENDPOINT_DEACTIVATED = "endpoint deactivated"
 # Why the upkeep sweep ends a row at its ceiling without an attempt of its own
 # (breaker.last_chance_spent): appended to the row's last error.
 LAST_CHANCE_SPENT = "retry window ended; the endpoint failed again after it (breaker open)"
+# Why the upkeep ends a held row of a paused endpoint (endpoints.hold_for, migration 0020).
+HELD_EXPIRED = "held longer than endpoints.hold_for while the endpoint was paused"
 
 
 def terminal(reason: str) -> Outcome:

@@ -139,12 +139,15 @@ SELECT d.endpoint_id, d.event_id, d.payload_hash,
 -- name: api_insert_replay
 -- A new row, never a reset of the old one: the old row keeps its attempts
 -- and outcome, and the engine sends the same event (so the same
--- Idempotency-Key / webhook-id), freshly signed.
+-- Idempotency-Key / webhook-id), freshly signed.  To a paused endpoint it
+-- is held, sent after the resume (migration 0020).
 WITH ins AS (
     INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
                                     attempt, status, mode, next_attempt_at, replay_of, trace_context)
     VALUES (%(workspace_id)s, %(endpoint_id)s, %(event_id)s, %(payload_hash)s,
-            0, 'pending', 'live', now(), %(replay_of)s,
+            0, CASE WHEN (SELECT e.paused_at FROM webhook_endpoints e WHERE e.id = %(endpoint_id)s) IS NULL
+                    THEN 'pending' ELSE 'held' END,
+            'live', now(), %(replay_of)s,
             -- A replay is a trace of its own (the replay request's, when it is
             -- traced), linked to the original row's (migration 0022).
             nullif(jsonb_strip_nulls(jsonb_build_object(
@@ -234,6 +237,8 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
        extract(epoch FROM s.open_until)::float8 AS open_until_epoch, extract(epoch FROM now())::float8 AS db_now,
        s.last_success_at, s.last_failure_at, s.last_error,
        p.pending AS pending_count, p.oldest AS oldest_pending_at,
+       e.paused_at, e.pause_cause, h.held AS held_count, h.oldest AS oldest_held_at,
+       coalesce(l.stage, 'healthy') AS lifecycle_stage, l.next_step, l.next_step_at,
        extract(epoch FROM now() - p.oldest)::float8 AS oldest_pending_age_seconds,
        r.attempts AS attempts_24h, r.delivered AS delivered_24h
   FROM webhook_endpoints e
@@ -243,6 +248,13 @@ SELECT e.id, e.workspace_id, e.url, e.active, e.event_types, e.created_at, e.max
           FROM webhook_deliveries d
          WHERE d.endpoint_id = e.id AND d.status = 'pending'
        ) p
+ CROSS JOIN LATERAL (
+        -- webhook_deliveries_held (0020): nothing to read unless paused
+        SELECT count(*) AS held, min(d.created_at) AS oldest
+          FROM webhook_deliveries d
+         WHERE d.endpoint_id = e.id AND d.status = 'held'
+       ) h
+  LEFT JOIN endpoint_lifecycle l ON l.endpoint_id = e.id
  CROSS JOIN LATERAL (
         SELECT count(*) AS attempts, count(*) FILTER (WHERE a.result = 'delivered') AS delivered
           FROM webhook_delivery_attempts a
@@ -303,6 +315,78 @@ DELETE FROM webhook_endpoints WHERE id = %(id)s;
 -- name: api_lock_workspace_endpoints
 -- Every endpoint of a workspace, its operational one included, locked for deletion.
 SELECT id FROM webhook_endpoints WHERE workspace_id = %(workspace_id)s ORDER BY id FOR UPDATE;
+
+-- name: api_held_count
+-- A paused endpoint's held rows (webhook_deliveries_held): deleting it asks
+-- for confirmation when there are any.
+SELECT count(*) AS held FROM webhook_deliveries WHERE endpoint_id = %(id)s AND status = 'held';
+
+-- name: api_end_held
+-- A deleted endpoint's held rows end failed like its pending ones (the
+-- deletion was confirmed: store.endpoints.delete_endpoint), each with the
+-- same history entry as api_end_pending writes.  A held row is never leased.
+WITH ended AS (
+    UPDATE webhook_deliveries
+       SET status = 'failed', last_error = %(reason)s, finished_at = now(), attempt = attempt + 1,
+           locked_by = NULL, locked_until = NULL, claim_token = NULL
+     WHERE endpoint_id = %(id)s AND status = 'held'
+    RETURNING id, endpoint_id, attempt
+), history AS (
+    INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms, result, error)
+    SELECT id, endpoint_id, attempt, now(), 0, 'failed', %(reason)s FROM ended
+)
+SELECT id FROM ended;
+
+-- name: api_pause_endpoint
+-- Pause (migration 0020): stamp the endpoint (a second pause keeps the first
+-- one's time and cause), then hold its pending rows not leased to a worker,
+-- in one statement.  A leased row is its worker's: a retry it records is
+-- written held (engine_record).  Returns the endpoint's pause as it stands
+-- and how many rows this call held.
+WITH paused AS (
+    UPDATE webhook_endpoints
+       SET paused_at = coalesce(paused_at, now()), pause_cause = coalesce(pause_cause, %(cause)s)
+     WHERE id = %(id)s
+    RETURNING paused_at, pause_cause, paused_at = now() AS now_paused
+), held AS (
+    UPDATE webhook_deliveries
+       SET status = 'held'
+     WHERE endpoint_id = %(id)s AND status = 'pending' AND dispatcher_unleased(locked_until)
+    RETURNING id
+)
+SELECT p.paused_at, p.pause_cause, p.now_paused, (SELECT count(*) FROM held) AS held FROM paused p;
+
+-- name: api_resume_endpoint
+-- Resume: every held row is pending again, in its place.  The time it was
+-- held (since the pause, or since it was written if later) is added to
+-- held_seconds, so its retry ceiling did not run while paused, and a retry
+-- that was waiting keeps the rest of its wait; a row that was due (or was
+-- written while paused) is due now, oldest first.  The breaker is reset to
+-- closed, as close-breaker does: a resume is a fresh start, and the claim's
+-- limits pace the drain.  No-op unless paused.
+WITH ended AS (
+    SELECT paused_at, pause_cause FROM webhook_endpoints WHERE id = %(id)s AND paused_at IS NOT NULL FOR UPDATE
+), resumed AS (
+    UPDATE webhook_endpoints e SET paused_at = NULL, pause_cause = NULL
+      FROM ended WHERE e.id = %(id)s
+), released AS (
+    UPDATE webhook_deliveries d
+       SET status = 'pending',
+           held_seconds = d.held_seconds
+                          + greatest(0, extract(epoch FROM now() - greatest(x.paused_at, d.created_at))::float8),
+           next_attempt_at = CASE WHEN d.next_attempt_at > greatest(x.paused_at, d.created_at)
+                                  THEN d.next_attempt_at + (now() - greatest(x.paused_at, d.created_at))
+                                  ELSE d.next_attempt_at END
+      FROM ended x
+     WHERE d.endpoint_id = %(id)s AND d.status = 'held'
+    RETURNING d.id
+), closed AS (
+    UPDATE endpoint_state
+       SET state = 'closed', consecutive_failures = 0, open_until = NULL, updated_at = now()
+      FROM ended
+     WHERE endpoint_id = %(id)s
+)
+SELECT x.paused_at, x.pause_cause, (SELECT count(*) FROM released) AS released FROM ended x;
 
 -- name: api_close_breaker
 -- An operator-style reset: closed, no failures, no deadline; then every
@@ -370,16 +454,20 @@ SELECT c.id
        AND d.created_at >= %(since)s AND (%(until)s::timestamptz IS NULL OR d.created_at < %(until)s::timestamptz)
        AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
                         WHERE o.workspace_id = d.workspace_id AND o.event_id = d.event_id
-                          AND o.endpoint_id = d.endpoint_id AND o.status IN ('pending', 'delivered'))
+                          AND o.endpoint_id = d.endpoint_id AND o.status IN ('pending', 'held', 'delivered'))
      ORDER BY d.event_id, d.id DESC
   ) c
  ORDER BY c.id;
 
 -- name: api_recover_insert
--- A new replay row for each candidate the budget paid for.
+-- A new replay row for each candidate the budget paid for (held while the
+-- endpoint is paused, as api_insert_replay).
 INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
                                 attempt, status, mode, next_attempt_at, replay_of)
-SELECT d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash, 0, 'pending', 'live', now(), d.id
+SELECT d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash, 0,
+       CASE WHEN (SELECT e.paused_at FROM webhook_endpoints e WHERE e.id = d.endpoint_id) IS NULL
+            THEN 'pending' ELSE 'held' END,
+       'live', now(), d.id
   FROM webhook_deliveries d
  WHERE d.id = ANY (%(ids)s::bigint[]) AND d.workspace_id = %(workspace_id)s
  ORDER BY d.id

@@ -33,6 +33,8 @@ WITH RECURSIVE token AS (
              -- breaker.BreakerPolicy.admits: a missing deadline counts as lapsed
              WHERE o.state <> 'closed' AND (o.open_until IS NULL OR o.open_until <= now())
                AND o.endpoint_id <> ALL (%(busy)s::bigint[])
+               -- a paused endpoint is never probed (a straggler row: see candidates)
+               AND (SELECT p.paused_at FROM webhook_endpoints p WHERE p.id = o.endpoint_id) IS NULL
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
                               AND d.next_attempt_at <= now()
@@ -65,6 +67,7 @@ WITH RECURSIVE token AS (
            FOR UPDATE SKIP LOCKED) d
      WHERE coalesce((SELECT s.state FROM endpoint_state s WHERE s.endpoint_id = f.endpoint_id), 'closed') = 'closed'
        AND (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = f.endpoint_id) IS NULL
+       AND (SELECT p.paused_at FROM webhook_endpoints p WHERE p.id = f.endpoint_id) IS NULL
 ), renewed AS (
     -- A lane whose slots' lease is a third through keeps them for another
     -- lease (LanePolicy.renewal_due): not at every refill, as each renewal
@@ -103,12 +106,18 @@ WITH RECURSIVE token AS (
     -- The endpoint's rate is a scalar subquery, not a join: joined, the planner
     -- hashed the whole endpoint walk first, visiting every endpoint with
     -- pending rows instead of stopping once the batch is full.
+    -- A paused endpoint (migration 0020) gets no room: its rows are `held`,
+    -- not pending, so the walk meets it only for a straggler -- a row a
+    -- producer wrote `pending` in a transaction that began before the pause
+    -- committed -- until the upkeep round holds it (engine_hold_stragglers).
     SELECT d.id, e.endpoint_id, lane.max_per_second FROM endpoints e
      CROSS JOIN LATERAL (SELECT pg_try_advisory_xact_lock(3604, (e.endpoint_id %% 2147483647)::int) AS held,
                                 (SELECT p.max_per_second FROM webhook_endpoints p WHERE p.id = e.endpoint_id)
-                                    AS max_per_second
+                                    AS max_per_second,
+                                (SELECT p.paused_at IS NOT NULL FROM webhook_endpoints p WHERE p.id = e.endpoint_id)
+                                    AS paused
                           OFFSET 0) lock
-     CROSS JOIN LATERAL (SELECT CASE WHEN lock.held
+     CROSS JOIN LATERAL (SELECT CASE WHEN lock.held AND lock.paused IS NOT TRUE
                                      THEN least(%(share)s, dispatcher_lane_free(e.endpoint_id, %(per_endpoint)s,
                                                                                 lock.max_per_second))
                                      ELSE 0 END AS room,
@@ -155,7 +164,7 @@ WITH RECURSIVE token AS (
      WHERE w.id = ANY (ARRAY(SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates
                              UNION ALL SELECT id FROM refill_rows))
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token,
-              w.trace_context,
+              w.trace_context, w.held_seconds,
               w.id <> ALL (ARRAY(SELECT id FROM refill_rows)) AS slot
 ), leases AS (
     -- The slots this claim takes of each endpoint's lane: one per row it took
@@ -198,7 +207,8 @@ WITH RECURSIVE token AS (
       JOIN claimed_workspaces w ON w.workspace_id = e.workspace_id
 )
 SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.attempt + 1 AS attempt, c.mode,
-       extract(epoch FROM now() - c.created_at)::float8 AS age,
+       -- time held while its endpoint was paused does not count (migration 0020)
+       extract(epoch FROM now() - c.created_at)::float8 - c.held_seconds AS age,
        extract(epoch FROM now())::float8 AS db_now,
        c.endpoint_id IN (SELECT endpoint_id FROM probe_ids) AS is_probe,
        (v.ev).type AS event_type, (v.ev).sequence,
@@ -245,7 +255,12 @@ WITH results AS (
         AS s(endpoint_id bigint, token bigint, keep int, held int, hold float8)
 ), updated AS (
     UPDATE webhook_deliveries w
-       SET status = r.status,
+       -- A retry of a row whose endpoint was paused while it was in flight is
+       -- held, not pending (migration 0020).  The lookup is made for retries
+       -- only (CASE evaluates it only then): deliveries and ends pay nothing.
+       SET status = CASE WHEN r.status = 'pending'
+                          AND (SELECT p.paused_at FROM webhook_endpoints p WHERE p.id = w.endpoint_id) IS NOT NULL
+                         THEN 'held' ELSE r.status END,
            attempt = r.attempt,
            next_attempt_at = CASE WHEN r.status = 'pending'
                                   THEN now() + make_interval(secs => r.delay) ELSE w.next_attempt_at END,
@@ -460,7 +475,9 @@ WITH doomed AS (
       LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
      WHERE s.state = 'open'
        AND d.created_at <= s.opened_at - make_interval(secs => %(min_ceiling)s)
-       AND d.created_at + make_interval(secs => coalesce((%(ceilings)s::jsonb ->> ev.type)::float8, %(ceiling)s))
+       -- time held while paused does not count toward the ceiling (migration 0020)
+       AND d.created_at + make_interval(secs => coalesce((%(ceilings)s::jsonb ->> ev.type)::float8, %(ceiling)s)
+                                                + d.held_seconds)
            <= s.opened_at
        AND dispatcher_unleased(d.locked_until)
      LIMIT %(limit)s
@@ -502,3 +519,67 @@ WITH doomed AS (
      LIMIT %(batch)s
 )
 DELETE FROM webhook_delivery_attempts a USING doomed WHERE a.id = doomed.id;
+
+-- name: engine_hold_stragglers
+-- Rows written `pending` for an endpoint after its pause, by a producer
+-- transaction that began before the pause committed, are held like the rest
+-- (the claim gives a paused endpoint no room meanwhile).  Paused endpoints
+-- only, through webhook_endpoints_paused and webhook_deliveries_due; leased
+-- rows are their worker's (its result is written held: engine_record).
+UPDATE webhook_deliveries d
+   SET status = 'held'
+  FROM webhook_endpoints e
+ WHERE e.paused_at IS NOT NULL AND d.endpoint_id = e.id AND d.status = 'pending'
+   AND dispatcher_unleased(d.locked_until)
+RETURNING d.id;
+
+-- name: engine_expire_held
+-- A held row keeps its place for endpoints.hold_for (%(hold_for)s seconds),
+-- counted from when it was held: the pause, or its creation if later.  Then
+-- it is dead with that reason (the owner was told beforehand: the lifecycle's
+-- 'expiring' notice).  Batched; the caller repeats until a batch comes back short.
+WITH doomed AS (
+    SELECT d.id
+      FROM webhook_endpoints e
+      JOIN webhook_deliveries d ON d.endpoint_id = e.id AND d.status = 'held'
+     WHERE e.paused_at IS NOT NULL AND e.paused_at <= now() - make_interval(secs => %(hold_for)s)
+       AND d.created_at <= now() - make_interval(secs => %(hold_for)s)
+     LIMIT %(limit)s
+       FOR UPDATE OF d SKIP LOCKED
+)
+UPDATE webhook_deliveries w
+   SET status = 'dead', finished_at = now(), locked_by = NULL, locked_until = NULL, claim_token = NULL,
+       last_error = coalesce(last_error || '; ', '') || %(reason)s
+  FROM doomed
+ WHERE w.id = doomed.id
+RETURNING w.id;
+
+-- name: engine_held_figures
+-- The held gauges: paused endpoints and their held rows (webhook_deliveries_held).
+SELECT (SELECT count(*) FROM webhook_endpoints WHERE paused_at IS NOT NULL) AS paused_endpoints,
+       (SELECT count(*) FROM webhook_deliveries WHERE status = 'held') AS held_rows;
+
+-- name: engine_release_unpaused
+-- Held rows whose endpoint is not paused (any more): deleted with its
+-- workspace or by SQL, resumed by SQL, or resumed while a producer that read
+-- it paused had not committed yet.  They become pending again, so the claim
+-- sends them (or ends them: endpoint deleted).  The endpoints with held rows
+-- are walked as the claim walks pending ones (a loose index scan over
+-- webhook_deliveries_held): a round reads one index entry per such endpoint,
+-- however many rows they hold.
+WITH RECURSIVE holding(endpoint_id) AS (
+    (SELECT endpoint_id FROM webhook_deliveries WHERE status = 'held' ORDER BY endpoint_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
+             WHERE d.status = 'held' AND d.endpoint_id > h.endpoint_id ORDER BY d.endpoint_id LIMIT 1)
+      FROM holding h WHERE h.endpoint_id IS NOT NULL
+), unpaused AS (
+    SELECT h.endpoint_id FROM holding h
+     WHERE h.endpoint_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.id = h.endpoint_id AND e.paused_at IS NOT NULL)
+)
+UPDATE webhook_deliveries d
+   SET status = 'pending'
+  FROM unpaused u
+ WHERE d.endpoint_id = u.endpoint_id AND d.status = 'held'
+RETURNING d.id;

@@ -1,41 +1,66 @@
--- Breaker notices to endpoint owners (docs/decisions.md, Q3) and the
--- confirmation of their addresses (0019), executed only by
--- dispatcher/store/notices.py.  The rule of who hears what lives in
--- dispatcher/engine/notifier.py; these queries keep one notice per endpoint, open
--- episode and kind, whichever process finds it first.
+-- Lifecycle notices to endpoint owners (docs/decisions.md, Q3; issue 24) and
+-- the confirmation of their addresses (0019), executed only by
+-- dispatcher/store/notices.py.  Which stage is due is the rule's
+-- (dispatcher/rules/lifecycle.py), who hears it the notifier's
+-- (dispatcher/engine/notifier.py); these queries keep one notice per
+-- endpoint, lifecycle episode and kind, whichever process finds it first.
 
--- name: notices_discover
--- Notices not written yet: 'opened' for every breaker that is not closed
--- (episode = its open_episode), 'recovered' for every episode announced as
--- opened whose breaker has closed since (or opened again: a later episode).
--- ON CONFLICT DO NOTHING against the primary key makes each one exist once,
--- however many processes run this at the same moment; RETURNING gives only
--- those this statement wrote, each with what its operational webhook needs.
-WITH found AS (
-    SELECT s.endpoint_id, s.open_episode AS episode, 'opened'::text AS kind
-      FROM endpoint_state s
-     WHERE s.state <> 'closed' AND s.open_episode > 0
-    UNION ALL
-    SELECT n.endpoint_id, n.episode, 'recovered'::text
-      FROM breaker_notices n
-      JOIN endpoint_state s ON s.endpoint_id = n.endpoint_id
-     WHERE n.kind = 'opened' AND (s.state = 'closed' OR s.open_episode > n.episode)
-       AND NOT EXISTS (SELECT 1 FROM breaker_notices r
-                        WHERE r.endpoint_id = n.endpoint_id AND r.episode = n.episode AND r.kind = 'recovered')
-), written AS (
-    INSERT INTO breaker_notices (endpoint_id, episode, kind, workspace_id)
-    SELECT f.endpoint_id, f.episode, f.kind, e.workspace_id
-      FROM found f JOIN webhook_endpoints e ON e.id = f.endpoint_id
-    ON CONFLICT DO NOTHING
-    RETURNING endpoint_id, episode, kind, workspace_id
-)
-SELECT w.endpoint_id, w.episode, w.kind, w.workspace_id, e.url, ws.notify_webhook_url AS notify_url,
+-- name: notices_round_lock
+-- One lifecycle round at a time across the region: a process that finds the
+-- lock taken skips its round (the holder is writing the same notices).
+SELECT pg_try_advisory_xact_lock(3605, 0) AS held;
+
+-- name: lifecycle_facts
+-- What the lifecycle rule (dispatcher/rules/lifecycle.py) needs of every
+-- endpoint that may have a step to take: a breaker not closed, an episode
+-- running, or a pause.  The clock is the database's.  A first episode is
+-- numbered past any notice already kept (notices of before migration 0020
+-- were numbered by the breaker's open_episode).
+SELECT e.id AS endpoint_id, e.workspace_id, e.url, e.purpose = 'customer' AS pausable,
+       coalesce(s.state, 'closed') = 'closed' AS breaker_closed,
+       coalesce(l.episode, (SELECT max(n.episode) FROM breaker_notices n WHERE n.endpoint_id = e.id), 0)
+           AS episode,
+       l.endpoint_id IS NOT NULL AND l.ended_at IS NULL AS running,
+       extract(epoch FROM l.failing_since)::float8 AS failing_since,
+       extract(epoch FROM l.closed_at)::float8 AS closed_at,
+       extract(epoch FROM e.paused_at)::float8 AS paused_at, e.pause_cause,
+       ARRAY(SELECT n.kind FROM breaker_notices n
+              WHERE n.endpoint_id = e.id AND n.episode = l.episode AND l.ended_at IS NULL) AS sent,
+       extract(epoch FROM now())::float8 AS db_now,
+       ws.notify_webhook_url AS notify_url,
        coalesce(s.consecutive_failures, 0) AS consecutive_failures, s.last_error
-  FROM written w
-  JOIN webhook_endpoints e ON e.id = w.endpoint_id
-  JOIN workspaces ws ON ws.id = w.workspace_id
-  LEFT JOIN endpoint_state s ON s.endpoint_id = w.endpoint_id
- ORDER BY w.endpoint_id, w.episode, w.kind;
+  FROM webhook_endpoints e
+  JOIN workspaces ws ON ws.id = e.workspace_id
+  LEFT JOIN endpoint_state s ON s.endpoint_id = e.id
+  LEFT JOIN endpoint_lifecycle l ON l.endpoint_id = e.id
+ WHERE e.id IN (SELECT endpoint_id FROM endpoint_state WHERE state <> 'closed'
+                UNION SELECT endpoint_id FROM endpoint_lifecycle WHERE ended_at IS NULL
+                UNION SELECT id FROM webhook_endpoints WHERE paused_at IS NOT NULL)
+ ORDER BY e.id;
+
+-- name: lifecycle_write
+-- The endpoint's lifecycle row as the rule left it (NULL epochs are NULL times).
+-- An episode that ends keeps its end time (ended_at); one running has none.
+INSERT INTO endpoint_lifecycle AS l (endpoint_id, episode, failing_since, closed_at, ended_at, stage, next_step,
+                                     next_step_at, updated_at)
+VALUES (%(endpoint_id)s, %(episode)s, to_timestamp(%(failing_since)s::float8), to_timestamp(%(closed_at)s::float8),
+        CASE WHEN NOT %(running)s THEN now() END, %(stage)s, %(next_step)s,
+        to_timestamp(%(next_step_at)s::float8), now())
+ON CONFLICT (endpoint_id) DO UPDATE
+   SET episode = excluded.episode, failing_since = excluded.failing_since, closed_at = excluded.closed_at,
+       ended_at = CASE WHEN excluded.ended_at IS NULL THEN NULL ELSE coalesce(l.ended_at, excluded.ended_at) END,
+       stage = excluded.stage, next_step = excluded.next_step, next_step_at = excluded.next_step_at,
+       updated_at = now()
+ WHERE (l.episode, l.failing_since, l.closed_at, l.ended_at IS NULL, l.stage, l.next_step, l.next_step_at)
+       IS DISTINCT FROM (excluded.episode, excluded.failing_since, excluded.closed_at, excluded.ended_at IS NULL,
+                         excluded.stage, excluded.next_step, excluded.next_step_at);
+
+-- name: lifecycle_notice
+-- One notice per endpoint, episode and kind (the primary key), whoever writes it first.
+INSERT INTO breaker_notices (endpoint_id, episode, kind, workspace_id, detail)
+VALUES (%(endpoint_id)s, %(episode)s, %(kind)s, %(workspace_id)s, %(detail)s::jsonb)
+ON CONFLICT DO NOTHING
+RETURNING endpoint_id;
 
 -- name: notices_operational_endpoint
 -- The workspace's one operational endpoint (migration 0011), pointed at its
@@ -75,7 +100,7 @@ WITH due AS (
        SET attempts = n.attempts + 1, next_attempt_at = now() + make_interval(secs => %(lease)s)
       FROM due
      WHERE n.endpoint_id = due.endpoint_id AND n.episode = due.episode AND n.kind = due.kind
-    RETURNING n.endpoint_id, n.episode, n.kind, n.workspace_id, n.attempts
+    RETURNING n.endpoint_id, n.episode, n.kind, n.workspace_id, n.attempts, n.detail
 )
 SELECT c.endpoint_id, c.episode, c.kind, c.workspace_id, c.attempts, e.url,
        e.owner_contact AS endpoint_owner, ws.owner_contact AS workspace_owner,
@@ -86,7 +111,7 @@ SELECT c.endpoint_id, c.episode, c.kind, c.workspace_id, c.attempts, e.url,
        EXISTS (SELECT 1 FROM contact_confirmations k
                 WHERE k.workspace_id = c.workspace_id AND k.address = ws.owner_contact
                   AND k.confirmed_at IS NOT NULL) AS workspace_owner_confirmed,
-       coalesce(s.consecutive_failures, 0) AS consecutive_failures, s.last_error
+       coalesce(s.consecutive_failures, 0) AS consecutive_failures, s.last_error, c.detail
   FROM claimed c
   LEFT JOIN webhook_endpoints e ON e.id = c.endpoint_id
   LEFT JOIN workspaces ws ON ws.id = c.workspace_id

@@ -39,12 +39,16 @@ CREATE TABLE webhook_endpoints (
     owner_contact     text,
     purpose           text DEFAULT 'customer'::text NOT NULL,
     secret_shown      boolean DEFAULT true NOT NULL,
+    paused_at         timestamp with time zone,
+    pause_cause       text,
     trace_headers     boolean DEFAULT true NOT NULL,
     CONSTRAINT webhook_endpoints_pkey PRIMARY KEY (id),
     CONSTRAINT webhook_endpoints_max_per_second_check CHECK (((max_per_second > (0)::double precision) AND (max_per_second < 'Infinity'::double precision))),
     CONSTRAINT webhook_endpoints_secret_check CHECK ((secret <> ''::text)),
     CONSTRAINT webhook_endpoints_description_check CHECK ((length(description) <= 500)),
     CONSTRAINT webhook_endpoints_purpose_check CHECK ((purpose = ANY (ARRAY['customer'::text, 'operational'::text]))),
+    CONSTRAINT webhook_endpoints_pause_cause_check CHECK ((pause_cause = ANY (ARRAY['customer'::text, 'operator'::text, 'lifecycle'::text]))),
+    CONSTRAINT webhook_endpoints_pause_check CHECK (((paused_at IS NULL) = (pause_cause IS NULL))),
     CONSTRAINT webhook_endpoints_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE
 );
 
@@ -80,6 +84,7 @@ CREATE TABLE webhook_deliveries (
     locked_by        text,
     locked_until     timestamp with time zone,
     claim_token      bigint,
+    held_seconds     double precision DEFAULT 0 NOT NULL,
     trace_context    jsonb,
     CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
     CONSTRAINT webhook_deliveries_mode_check CHECK ((mode = ANY (ARRAY['live'::text, 'shadow'::text])))
@@ -197,7 +202,7 @@ CREATE TABLE api_audit (
     delivery_ids bigint[] DEFAULT '{}'::bigint[] NOT NULL,
     detail       jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT api_audit_pkey PRIMARY KEY (id),
-    CONSTRAINT api_audit_action_check CHECK ((action = ANY (ARRAY['delivery.replay'::text, 'endpoint.recover'::text, 'endpoint.create'::text, 'endpoint.update'::text, 'endpoint.delete'::text, 'endpoint.breaker_close'::text, 'endpoint.secret_rotate'::text, 'workspace.update'::text, 'replay.bulk'::text])))
+    CONSTRAINT api_audit_action_check CHECK ((action = ANY (ARRAY['delivery.replay'::text, 'endpoint.recover'::text, 'endpoint.create'::text, 'endpoint.update'::text, 'endpoint.delete'::text, 'endpoint.breaker_close'::text, 'endpoint.secret_rotate'::text, 'workspace.update'::text, 'endpoint.pause'::text, 'endpoint.resume'::text, 'replay.bulk'::text])))
 );
 
 CREATE TABLE breaker_notices (
@@ -211,8 +216,9 @@ CREATE TABLE breaker_notices (
     sent_at         timestamp with time zone,
     recipient       text,
     last_error      text,
+    detail          jsonb DEFAULT '{}'::jsonb NOT NULL,
     CONSTRAINT breaker_notices_pkey PRIMARY KEY (endpoint_id, episode, kind),
-    CONSTRAINT breaker_notices_kind_check CHECK ((kind = ANY (ARRAY['opened'::text, 'recovered'::text])))
+    CONSTRAINT breaker_notices_kind_check CHECK ((kind = ANY (ARRAY['opened'::text, 'will_pause'::text, 'paused'::text, 'expiring'::text, 'recovered'::text])))
 );
 
 CREATE TABLE endpoint_leases (
@@ -260,6 +266,20 @@ CREATE TABLE contact_confirmations (
     CONSTRAINT contact_confirmations_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE
 );
 
+CREATE TABLE endpoint_lifecycle (
+    endpoint_id   bigint NOT NULL,
+    episode       bigint NOT NULL,
+    failing_since timestamp with time zone,
+    closed_at     timestamp with time zone,
+    ended_at      timestamp with time zone,
+    stage         text DEFAULT 'healthy'::text NOT NULL,
+    next_step     text,
+    next_step_at  timestamp with time zone,
+    updated_at    timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT endpoint_lifecycle_pkey PRIMARY KEY (endpoint_id),
+    CONSTRAINT endpoint_lifecycle_stage_check CHECK ((stage = ANY (ARRAY['healthy'::text, 'failing'::text, 'will_pause'::text, 'paused'::text])))
+);
+
 CREATE TABLE replay_jobs (
     id           bigserial,
     workspace_id text NOT NULL,
@@ -299,9 +319,9 @@ CREATE TABLE fleet_stops (
 
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
-ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
-
 ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_shadow_status CHECK (((status <> ALL (ARRAY['delivered'::text, 'shadow'::text])) OR ((status = 'shadow'::text) = (mode = 'shadow'::text)))) NOT VALID;
+
+ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'held'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
 
 CREATE INDEX webhook_endpoints_workspace ON public.webhook_endpoints USING btree (workspace_id) WHERE active;
 
@@ -350,6 +370,12 @@ CREATE INDEX contact_confirmations_due ON public.contact_confirmations USING btr
 CREATE INDEX contact_confirmations_sent ON public.contact_confirmations USING btree (lower(address), sent_at) WHERE (sent_at IS NOT NULL);
 
 CREATE INDEX breaker_notices_sent ON public.breaker_notices USING btree (lower(recipient), sent_at) WHERE (sent_at IS NOT NULL);
+
+CREATE INDEX webhook_endpoints_paused ON public.webhook_endpoints USING btree (id) WHERE (paused_at IS NOT NULL);
+
+CREATE INDEX webhook_deliveries_held ON public.webhook_deliveries USING btree (endpoint_id, created_at) WHERE (status = 'held'::text);
+
+CREATE INDEX endpoint_lifecycle_running ON public.endpoint_lifecycle USING btree (endpoint_id) WHERE (ended_at IS NULL);
 
 CREATE INDEX replay_jobs_running ON public.replay_jobs USING btree (id) WHERE (state = 'running'::text);
 
@@ -546,8 +572,10 @@ BEGIN
             RETURN;
         END IF;
         -- The hot path: one INSERT ... SELECT, nothing returned but the count.
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
-        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live'
+        -- A paused endpoint's row is written held (0020); this body supersedes 0020's.
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, status)
+        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live',
+               CASE WHEN e.paused_at IS NULL THEN 'pending' ELSE 'held' END
           FROM webhook_endpoints e
          WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
            AND (e.event_types = '{}' OR p_type = ANY (e.event_types));

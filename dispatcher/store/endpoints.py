@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from dispatcher.rules.retry import ENDPOINT_DEACTIVATED, ENDPOINT_DELETED, RETRYABLE_ERRORS
 from dispatcher.store.audit import Audit, audit
-from dispatcher.store.errors import NotFound, QueryRejected, limit_or
+from dispatcher.store.errors import Conflict, NotFound, QueryRejected, limit_or
 from dispatcher.store.queries import Connection, Row, query_rows, run_query, transaction
 
 # The transport failures the breaker counts (policy.RETRYABLE_ERRORS): with the
@@ -98,27 +98,88 @@ def update_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int
                           {"fields": change.fields(), "active": active}))
 
 
-def delete_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None) -> None:
+class HeldRowsUnconfirmed(Conflict):
+    """Deleting a paused endpoint would end rows it holds, and the caller did not confirm it."""
+
+    def __init__(self, endpoint_id: int, held: int) -> None:
+        super().__init__(f"endpoint {endpoint_id} holds {held} undelivered events (it is paused); deleting it "
+                         f"ends them: confirm with ?confirm=held (API) or --yes (CLI), or resume it first")
+        self.held = held
+
+
+def delete_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None,
+                    confirm_held: bool = False) -> None:
     """Delete the endpoint and its breaker; its pending rows not in flight end ``policy.ENDPOINT_DELETED``,
-    each with a history entry."""
+    and so do the rows it holds while paused -- only with ``confirm_held`` when there are any
+    (:class:`HeldRowsUnconfirmed`, nothing changed); each ended row gets a history entry.  The audit
+    entry names the held rows ended."""
     with transaction(conn):
         old = _locked_endpoint(conn, workspace_id, endpoint_id)
-        _delete(conn, old["workspace_id"], endpoint_id, token_id)
+        _delete(conn, old["workspace_id"], endpoint_id, token_id, confirm_held)
 
 
 def delete_workspace_endpoints(conn: Connection, workspace_id: str) -> list[int]:
-    """Delete every endpoint of the workspace, each as :func:`delete_endpoint` does (an operator's: no token)."""
+    """Delete every endpoint of the workspace, each as :func:`delete_endpoint` does (an operator's: no
+    token).  Deleting them all is the confirmation: held rows end too, never left for no one to see."""
     with transaction(conn):
         ids = [int(row[0]) for row in run_query(conn, "api_lock_workspace_endpoints", {"workspace_id": workspace_id})]
         for endpoint_id in ids:
-            _delete(conn, workspace_id, endpoint_id, None)
+            _delete(conn, workspace_id, endpoint_id, None, confirm_held=True)
     return ids
 
 
-def _delete(conn: Connection, workspace_id: str, endpoint_id: int, token_id: int | None) -> None:
+def _delete(conn: Connection, workspace_id: str, endpoint_id: int, token_id: int | None,
+            confirm_held: bool) -> None:
+    held = int(query_rows(conn, "api_held_count", {"id": endpoint_id})[0]["held"])
+    if held and not confirm_held:
+        raise HeldRowsUnconfirmed(endpoint_id, held)
     ended = _end_pending(conn, endpoint_id, ENDPOINT_DELETED)
+    ended_held = [int(r[0]) for r in run_query(conn, "api_end_held", {"id": endpoint_id, "reason": ENDPOINT_DELETED})]
     run_query(conn, "api_delete_endpoint", {"id": endpoint_id})
-    audit(conn, Audit(workspace_id, token_id, "endpoint.delete", endpoint_id, ended, {}))
+    audit(conn, Audit(workspace_id, token_id, "endpoint.delete", endpoint_id, ended + ended_held,
+                      {"held_ended": len(ended_held)} if ended_held else {}))
+
+
+# Who paused an endpoint (webhook_endpoints.pause_cause, migration 0020).
+PAUSE_CAUSES = ("customer", "operator", "lifecycle")
+
+
+@dataclass(frozen=True, slots=True)
+class PauseChange:
+    """What a pause or a resume did: the pause's time and cause, and the rows it held or released."""
+
+    paused_at: datetime | None
+    cause: str | None
+    rows: int
+    changed: bool                # False: already paused (pause) or not paused (resume)
+
+
+def pause_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, cause: str,
+                   token_id: int | None) -> PauseChange:
+    """Pause the endpoint: its pending rows not in flight and every new event for it are held, not sent
+    (docs/operations.md, "Pausing an endpoint").  Pausing a paused endpoint keeps its first time and cause."""
+    if cause not in PAUSE_CAUSES:
+        raise ValueError(f"unknown pause cause {cause!r}")
+    with transaction(conn):
+        old = _locked_endpoint(conn, workspace_id, endpoint_id)
+        row = query_rows(conn, "api_pause_endpoint", {"id": endpoint_id, "cause": cause})[0]
+        change = PauseChange(row["paused_at"], row["pause_cause"], int(row["held"]), bool(row["now_paused"]))
+        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.pause", endpoint_id, (),
+                          {"cause": change.cause, "held": change.rows, "already_paused": not change.changed}))
+    return change
+
+
+def resume_endpoint(conn: Connection, workspace_id: str | None, endpoint_id: int, token_id: int | None) -> PauseChange:
+    """Resume: the held rows are pending again in their order, their held time off their retry window,
+    and the breaker is closed; the claim drains them within the endpoint's limits."""
+    with transaction(conn):
+        old = _locked_endpoint(conn, workspace_id, endpoint_id)
+        rows = query_rows(conn, "api_resume_endpoint", {"id": endpoint_id})
+        change = (PauseChange(rows[0]["paused_at"], rows[0]["pause_cause"], int(rows[0]["released"]), True)
+                  if rows else PauseChange(None, None, 0, False))
+        audit(conn, Audit(old["workspace_id"], token_id, "endpoint.resume", endpoint_id, (),
+                          {"was_paused_by": change.cause, "released": change.rows}))
+    return change
 
 
 def _end_pending(conn: Connection, endpoint_id: int, reason: str) -> list[int]:

@@ -24,7 +24,7 @@ import psycopg2.extensions
 from dispatcher.redact import storable
 from dispatcher.rules.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.rules.health import BacklogFigures, BacklogRule
-from dispatcher.rules.retry import LAST_CHANCE_SPENT
+from dispatcher.rules.retry import HELD_EXPIRED, LAST_CHANCE_SPENT
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each, named_rows
 from dispatcher.store.errors import translate
@@ -267,7 +267,7 @@ class ClaimedRow:
     event_id: str
     attempt: int                 # the number of the attempt about to be made (1-based)
     mode: str
-    age: float                   # seconds since creation, by the database clock
+    age: float                   # seconds since creation, less time held while paused, by the database clock
     db_now: float                # the database clock at the claim
     is_probe: bool
     event_type: str | None       # None: the event row is gone
@@ -491,6 +491,32 @@ class EngineStore:
                 "ceiling": ceiling, "ceilings": json.dumps(dict(ceilings)),
                 "min_ceiling": min([ceiling, *ceilings.values()]), "limit": limit, "reason": LAST_CHANCE_SPENT})
             return len(cur.fetchall())
+
+    def hold_stragglers(self) -> int:
+        """Hold the pending rows a paused endpoint got from a producer that began before the pause."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_hold_stragglers"])
+            return len(cur.fetchall())
+
+    def release_unpaused(self) -> int:
+        """Make pending the held rows whose endpoint is not paused (gone, or resumed around a producer)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_release_unpaused"])
+            return len(cur.fetchall())
+
+    def expire_held(self, hold_for: float, limit: int) -> int:
+        """End up to ``limit`` rows held longer than ``hold_for`` seconds ``dead`` (``retry.HELD_EXPIRED``)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_expire_held"], {"hold_for": hold_for, "limit": limit,
+                                                        "reason": HELD_EXPIRED})
+            return len(cur.fetchall())
+
+    def held_figures(self) -> tuple[int, int]:
+        """(paused endpoints, held rows) across the region."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_held_figures"])
+            (row,) = cur.fetchall()
+            return int(row[0]), int(row[1])
 
     def prune_lapsed_leases(self) -> int:
         """Delete lane entries whose lease lapsed (they already count for nothing)."""

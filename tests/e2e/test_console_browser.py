@@ -577,3 +577,51 @@ def test_a_bulk_replay_dry_run_then_job_to_100_percent(db, console_url: str, bro
     _shot(page, tmp_path, "console-bulk-done.png")
     assert not errors, errors
     world.conn.close()
+
+
+# --- pause and lifecycle (issue 24) ----------------------------------------------------------------
+
+
+def test_pause_and_resume_from_the_lifecycle_section(db, console_url: str, browser: Any, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    world = World(db)
+    seeded = _seed_overview(world)
+    broken, payments = seeded["broken"], seeded["payments"]
+    world.sql("INSERT INTO endpoint_lifecycle (endpoint_id, episode, failing_since, stage, next_step, next_step_at) "
+              "VALUES (%s, 1, now() - interval '2 days', 'will_pause', 'paused', now() + interval '1 day')",
+              (broken,))
+    page, errors = _open_overview(browser, console_url, world.token(seeded["ws"]))
+    row = page.locator(f'#lifecycle-table tr.lifecycle[data-id="{broken}"]')
+    row.wait_for()
+    assert row.get_attribute("data-stage") == "will_pause"
+    assert "will be paused" in row.locator(".stage").inner_text()
+    assert row.locator(".next-step").inner_text().startswith("paused: ")
+
+    # Pause: its 3 pending rows are held, none lost; the section shows who paused it and the hold's end.
+    row.locator("button[data-action=pause]").click()
+    expect(row).to_have_attribute("data-stage", "paused")
+    expect(row.locator(".held-count")).to_have_text("3")
+    assert "by you" in row.locator(".cause").inner_text()
+    expect(page.locator("#message")).to_contain_text(f"Endpoint #{broken} paused")
+    assert world.sql("SELECT pause_cause FROM webhook_endpoints WHERE id = %s", (broken,)) == [("customer",)]
+    assert world.count("endpoint_id = %s AND status = 'held'", (broken,)) == 3
+    assert world.count("endpoint_id = %s AND status = 'pending'", (broken,)) == 0
+    # The endpoint's deliveries show the held rows as held.
+    _row(page, broken).locator("button[data-action=deliveries]").click()
+    page.locator("#endpoint-deliveries tr.delivery").first.wait_for()
+    assert page.locator("#endpoint-deliveries .badge.s-held").count() == 3
+    _shot(page, tmp_path, "console-paused.png")
+
+    # Resume: pending again, the breaker closed, the stage back to healthy once the round says so.
+    row.locator("button[data-action=resume]").click()
+    expect(row.locator("button[data-action=pause]")).to_be_visible()
+    expect(row.locator(".held-count")).to_have_text("0")
+    expect(page.locator("#message")).to_contain_text(f"Endpoint #{broken} resumed")
+    assert world.count("endpoint_id = %s AND status = 'pending'", (broken,)) == 3
+    assert world.sql("SELECT state FROM endpoint_state WHERE endpoint_id = %s", (broken,)) == [("closed",)]
+    assert world.sql("SELECT action FROM api_audit WHERE endpoint_id = %s ORDER BY id", (broken,)) == [
+        ("endpoint.pause",), ("endpoint.resume",)]
+    assert page.locator(f'#lifecycle-table tr.lifecycle[data-id="{payments}"]').get_attribute("data-stage") == "healthy"
+    assert not errors, errors
+    world.conn.close()

@@ -38,6 +38,8 @@ def _fast_breaker(port: int, **notifier: object) -> dict[str, object]:
         "breaker": {"failure_threshold": 3, "open_for": "1s"},
         "retry": {"base": "1h", "max_interval": "2h"},  # a failed row waits: only probes are sent
         "alerts": {"check_interval": "300ms"},
+        # recovered once the breaker stayed closed this long (rules/lifecycle.py: no storm from a flap)
+        "endpoints": {"flap_window": "500ms"},
         "notifier": {"kind": "smtp", "smtp_host": "127.0.0.1", "smtp_port": port, "smtp_security": "none",
                      "smtp_timeout": "3s", "smtp_to": "ops@example.com", **notifier},
     }
@@ -60,7 +62,7 @@ def test_owner_gets_one_opened_and_one_recovered_mail_with_two_workers(db, write
                               **_fast_breaker(smtp.port))
         produce(config, db.dsn, "ws", 12)
         with Dispatcher(config, tmp_path / "d.log") as dispatcher:
-            wait_until(lambda: smtp.received("paused"), message="the opened mail")
+            wait_until(lambda: smtp.received("failing"), message="the opened mail")
             receiver.set_profile("flaky", {"profile": "ok"})
             wait_until(lambda: smtp.received("recovered"), timeout=30, message="the recovered mail")
             wait_until(lambda: ops.posts("/ops") == 2, message="both operational webhooks")
@@ -72,7 +74,7 @@ def test_owner_gets_one_opened_and_one_recovered_mail_with_two_workers(db, write
         log = dispatcher.log()
     assert query(db.dsn, "SELECT kind, recipient, sent_at IS NOT NULL FROM breaker_notices ORDER BY kind") == [
         ("opened", OWNER, True), ("recovered", OWNER, True)]
-    (opened,) = smtp.received("paused")
+    (opened,) = smtp.received("failing")
     (recovered,) = smtp.received("recovered")
     assert len(smtp.received()) == 2
     assert opened.recipients == [OWNER] and recovered.recipients == [OWNER]

@@ -125,6 +125,22 @@ def test_dry_run_count_equals_what_the_job_queues(world, make_client, runner) ->
     assert world.sql("SELECT sum(units) FROM api_replay_ledger") == [(1,)]
 
 
+def test_a_paused_endpoints_replays_are_written_held(world, make_client, runner) -> None:
+    """Like a single replay (api_insert_replay), a bulk replay to a paused endpoint is held, not pending:
+    nothing is sent to it until the resume, and the upkeep has no straggler to hold."""
+    client, seen = make_client(), outage(world)
+    world.sql("UPDATE webhook_endpoints SET paused_at = now(), pause_cause = 'customer' WHERE id = %s RETURNING id",
+              (seen["ep"],))
+    made = client.simulate_post(PATH, headers=seen["headers"], json=seen["body"])
+    assert made.status_code == 202, made.text
+    drain(runner)
+    queued = world.sql("SELECT endpoint_id, status FROM webhook_deliveries WHERE replay_of IS NOT NULL"
+                       " AND replay_of = ANY (%s)", (sorted(seen["want"]),))
+    assert len(queued) == len(seen["want"])
+    assert {status for endpoint_id, status in queued if endpoint_id == seen["ep"]} == {"held"}
+    assert {status for endpoint_id, status in queued if endpoint_id == seen["other"]} == {"pending"}
+
+
 def test_progress_rises_to_100_percent(world, make_client, runner) -> None:
     client, seen = make_client(), outage(world)
     job = client.simulate_post(PATH, headers=seen["headers"], json=seen["body"]).json

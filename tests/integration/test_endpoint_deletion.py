@@ -74,3 +74,39 @@ def test_deleting_one_endpoint_writes_each_ended_rows_history(db: Database, writ
     assert _rows(db, first) == [ENDED, ENDED, IN_FLIGHT]
     assert [row[0] for row in _rows(db, second)] == ["pending"] * 3
     assert db.query("SELECT endpoint_id FROM endpoint_state") == []
+
+
+def _pause(conn: store.Connection, endpoint_id: int) -> None:
+    change = endpoint_store.pause_endpoint(conn, "w", endpoint_id, "operator", token_id=None)
+    assert change.rows == 2, "the pause held the two rows not in flight"
+
+
+def test_a_confirmed_delete_ends_held_rows_with_their_history(db: Database, write_config) -> None:  # type: ignore[no-untyped-def]
+    conn = store.connect(db.dsn)
+    try:
+        first, second = _world(db, write_config(db), conn)
+        _pause(conn, first)
+        try:
+            endpoint_store.delete_endpoint(conn, "w", first, token_id=None)
+            raise AssertionError("deleting a paused endpoint that holds rows needs a confirmation")
+        except endpoint_store.HeldRowsUnconfirmed:
+            pass
+        assert [row[0] for row in _rows(db, first)] == ["held", "held", "pending"], "nothing changed"
+        endpoint_store.delete_endpoint(conn, "w", first, token_id=None, confirm_held=True)
+    finally:
+        conn.close()
+    assert _rows(db, first) == [ENDED, ENDED, IN_FLIGHT]
+    assert db.query("SELECT action, detail->>'held_ended' FROM api_audit WHERE endpoint_id = %s ORDER BY id",
+                    (first,)) == [("endpoint.create", None), ("endpoint.pause", None), ("endpoint.delete", "2")]
+
+
+def test_deleting_a_workspaces_endpoints_ends_held_rows_too(db: Database, write_config) -> None:  # type: ignore[no-untyped-def]
+    conn = store.connect(db.dsn)
+    try:
+        first, second = _world(db, write_config(db), conn)
+        _pause(conn, second)
+        assert store.delete_workspace_endpoints(conn, "w") == [first, second]
+    finally:
+        conn.close()
+    for endpoint_id in (first, second):
+        assert _rows(db, endpoint_id) == [ENDED, ENDED, IN_FLIGHT]

@@ -196,13 +196,19 @@ INDEXES = {
 }
 
 CHECKED_VALUES = {
-    ("webhook_deliveries", "status"): {"pending", "delivered", "failed", "dead", "shadow"},
+    ("webhook_deliveries", "status"): {"pending", "held", "delivered", "failed", "dead", "shadow"},
     ("webhook_deliveries", "mode"): {"live", "shadow"},
     ("endpoint_state", "state"): {"closed", "open", "half_open"},
     ("rollout_workspaces", "list"): {"include", "exclude"},
     ("webhook_endpoints", "purpose"): {"customer", "operational"},
-    ("breaker_notices", "kind"): {"opened", "recovered"},
+    ("breaker_notices", "kind"): {"opened", "will_pause", "paused", "expiring", "recovered"},
     ("replay_jobs", "state"): {"running", "done"},
+    ("webhook_endpoints", "pause_cause"): {"customer", "operator", "lifecycle"},
+    ("endpoint_lifecycle", "stage"): {"healthy", "failing", "will_pause", "paused"},
+    # Re-created by 0020 and 0021: the later list must keep every action the earlier one added.
+    ("api_audit", "action"): {"delivery.replay", "endpoint.recover", "endpoint.create", "endpoint.update",
+                              "endpoint.delete", "endpoint.breaker_close", "endpoint.secret_rotate",
+                              "workspace.update", "endpoint.pause", "endpoint.resume", "replay.bulk"},
 }
 
 FOREIGN_KEYS = {("webhook_endpoints", ("workspace_id",), "workspaces", ("id",)),

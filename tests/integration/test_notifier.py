@@ -28,10 +28,10 @@ OPERATOR = "ops@example.com"
 pytestmark = pytest.mark.timeout(60)
 
 
-def _config(dsn: str, port: int, **notifier: Any) -> Config:
+def _config(dsn: str, port: int, endpoints: dict[str, str] | None = None, **notifier: Any) -> Config:
     raw = config_for_test(dsn, notifier={"kind": "smtp", "smtp_host": "127.0.0.1", "smtp_port": port,
                                          "smtp_security": "none", "smtp_to": OPERATOR, "smtp_timeout": "5s",
-                                         **notifier})
+                                         **notifier}, endpoints=endpoints or {"flap_window": "1ms"})
     return config_from_mapping(raw, env={})
 
 
@@ -138,7 +138,9 @@ def test_one_opened_and_one_recovered_mail_per_episode_to_the_endpoint_owner(db)
     db.query("UPDATE webhook_endpoints SET owner_contact = 'owner@example.com'")
     _confirmed(db, "ws", "owner@example.com")
     with smtp_server() as smtp:
-        notices = _notices(_config(db.dsn, smtp.port), db.dsn)
+        # A flap window of a millisecond: the round after the one that sees the breaker closed ends the
+        # episode (the flapping test has a real one).
+        notices = _notices(_config(db.dsn, smtp.port, endpoints={"flap_window": "1ms"}), db.dsn)
         notices.run_once()
         assert smtp.received() == [], "nothing to say while the breaker is closed"
         _open(db.dsn, endpoint)
@@ -148,7 +150,7 @@ def test_one_opened_and_one_recovered_mail_per_episode_to_the_endpoint_owner(db)
         notices.run_once()
         (opened,) = smtp.received()
         assert opened.recipients == ["owner@example.com"]
-        assert "paused" in opened.subject and "hooks.example.com" in opened.body and "/a" not in opened.body
+        assert "failing" in opened.subject and "hooks.example.com" in opened.body and "/a" not in opened.body
         _close(db.dsn, endpoint)
         notices.run_once()
         notices.run_once()
@@ -159,7 +161,8 @@ def test_one_opened_and_one_recovered_mail_per_episode_to_the_endpoint_owner(db)
         notices.run_once()
         _close(db.dsn, endpoint)
         notices.run_once()
-        assert len(smtp.received("paused")) == 2 and len(smtp.received("recovered")) == 2
+        notices.run_once()
+        assert len(smtp.received("failing")) == 2 and len(smtp.received("recovered")) == 2
     assert db.query("SELECT episode, kind, recipient, sent_at IS NOT NULL FROM breaker_notices "
                     "ORDER BY episode, kind") == [
         (1, "opened", "owner@example.com", True), (1, "recovered", "owner@example.com", True),
@@ -208,7 +211,7 @@ def test_two_processes_at_once_send_each_mail_once(db) -> None:
             thread.join(timeout=30)
         assert not errors
         subjects = sorted(m.subject for m in smtp.received())
-    assert subjects == sorted(f"Webhook endpoint {e} paused after repeated failures" for e in endpoints)
+    assert subjects == sorted(f"Webhook endpoint {e} is failing; its deliveries wait" for e in endpoints)
 
 
 def test_smtp_down_logs_without_the_password_and_tries_again_later(db, caplog: pytest.LogCaptureFixture) -> None:
@@ -227,7 +230,7 @@ def test_smtp_down_logs_without_the_password_and_tries_again_later(db, caplog: p
     with smtp_server() as smtp:
         notices = _notices(_config(db.dsn, smtp.port), db.dsn)
         notices.run_once()
-        assert len(smtp.received("paused")) == 1
+        assert len(smtp.received("failing")) == 1
 
 
 def test_a_mail_is_dropped_after_its_last_attempt(db, caplog: pytest.LogCaptureFixture) -> None:
@@ -261,7 +264,7 @@ def test_starttls_and_auth_against_a_relay_we_trust_and_none_we_do_not(db, tmp_p
         config = config_from_mapping({**config_for_test(db.dsn, http={"ca_file": str(ca.cert_path)}),
                                       "notifier": {"kind": "smtp", "smtp_port": trusted.port, **settings}}, env={})
         _notices(config, db.dsn).run_once()
-        assert len(trusted.received("paused")) == 1
+        assert len(trusted.received("failing")) == 1
 
 
 # ---------------------------------------------------------------- confirmed contacts (issue 23 item 6)
@@ -279,7 +282,7 @@ def test_a_notice_never_goes_to_an_unconfirmed_contact(db) -> None:
         _open(db.dsn, first)
         notices.run_once()
         (mail,) = smtp.received()
-        assert mail.recipients == [OPERATOR] and "paused" in mail.subject
+        assert mail.recipients == [OPERATOR] and "failing" in mail.subject
         db.query("UPDATE workspaces SET owner_contact = 'team@example.com' WHERE id = 'ws'")
         _confirmed(db, "ws", "team@example.com")
         _open(db.dsn, second)
@@ -309,7 +312,7 @@ def test_a_contact_confirms_by_the_mailed_link_and_only_then_hears(db) -> None:
         notices.run_once()
         (ask,) = smtp.received("Confirm")
         assert ask.recipients == ["owner@example.com"] and "ws" in ask.subject
-        (notice,) = smtp.received("paused")
+        (notice,) = smtp.received("failing")
         assert notice.recipients == [OPERATOR], "not confirmed yet: the operator hears"
         link = _link(ask)
         token = link.partition("?token=")[2]
@@ -340,9 +343,12 @@ def test_a_contact_confirms_by_the_mailed_link_and_only_then_hears(db) -> None:
             app.pool.close()
             conn.close()
         _close(db.dsn, endpoint)
+        notices.run_once()
+        notices.run_once()  # the flap window (1 ms) passed: the episode ends, recovered
         _open(db.dsn, endpoint)
         notices.run_once()
-        assert [m.recipients for m in smtp.received("paused")] == [[OPERATOR], ["owner@example.com"]]
+        assert [m.recipients for m in smtp.received("failing")] == [[OPERATOR], ["owner@example.com"]]
+        assert [m.recipients for m in smtp.received("recovered")] == [["owner@example.com"]]
         # A new contact is asked in turn; the old one's confirmation goes with it.
         db.query("UPDATE webhook_endpoints SET owner_contact = 'other@example.com'")
         notices.run_once()
@@ -379,6 +385,7 @@ def test_the_operational_webhook_is_an_outbox_row_for_the_notify_endpoint(db, tm
         notices.run_once()
         _close(db.dsn, failing)
         notices.run_once()
+        notices.run_once()  # the round after the flap window ends the episode
     rows = db.query("SELECT e.url, e.purpose, v.type, d.status, v.payload->>'endpoint_id' "
                     "FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id "
                     "JOIN events v ON v.id = d.event_id ORDER BY d.id")
@@ -405,7 +412,32 @@ def test_no_operational_webhook_to_the_failing_endpoint_itself(db, caplog: pytes
         notices = _notices(_config(db.dsn, smtp.port), db.dsn)
         _open(db.dsn, failing)
         notices.run_once()
-        assert len(smtp.received("paused")) == 1, "the mail still goes out"
+        assert len(smtp.received("failing")) == 1, "the mail still goes out"
     assert "notify URL is the failing endpoint itself" in caplog.text
     assert db.query("SELECT count(*) FROM webhook_deliveries") == [(0,)]
     assert db.query("SELECT count(*) FROM webhook_endpoints WHERE purpose = 'operational'") == [(0,)]
+
+
+def test_every_lifecycle_kind_goes_to_a_confirmed_recipient_within_the_mail_rate(db) -> None:
+    """The lifecycle's notices (issue 24) are mailed like the breaker's (issue 23): never to an unconfirmed
+    contact, and counted against notifier.mails_per_recipient_hour with the others."""
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["https://hooks.example.com/a"])
+    db.query("UPDATE webhook_endpoints SET owner_contact = 'victim@example.com'")
+    db.query("UPDATE workspaces SET owner_contact = 'team@example.com' WHERE id = 'ws'")
+    _confirmed(db, "ws", "team@example.com")
+    for kind, detail in (("will_pause", '{"pause_at": "2026-09-04T00:00:00+00:00"}'),
+                         ("paused", '{"cause": "lifecycle", "expires_at": "2026-09-11T00:00:00+00:00"}'),
+                         ("expiring", '{"expires_at": "2026-09-11T00:00:00+00:00"}')):
+        db.query("INSERT INTO breaker_notices (endpoint_id, episode, kind, workspace_id, detail)"
+                 " VALUES (%s, 1, %s, 'ws', %s::jsonb)", (endpoint, kind, detail))
+    with smtp_server() as smtp:
+        # 3 an hour: its confirmation mail (sent now by _confirmed) and two notices.
+        notices = _notices(_config(db.dsn, smtp.port, mails_per_recipient_hour=3), db.dsn)
+        notices.run_once()
+        notices.run_once()
+        sent = smtp.received()
+        assert [m.recipients for m in sent] == [["team@example.com"]] * 2, "the confirmed owner, within its rate"
+    assert db.query("SELECT kind, recipient FROM breaker_notices WHERE sent_at IS NOT NULL ORDER BY kind") == [
+        ("expiring", "team@example.com"), ("paused", "team@example.com")]
+    assert db.query("SELECT kind, attempts FROM breaker_notices WHERE sent_at IS NULL") == [("will_pause", 0)], (
+        "the third waits for the hour, its attempt given back")

@@ -10,6 +10,7 @@ import falcon
 
 from dispatcher import store
 from dispatcher.api import auth, params
+from dispatcher.api.problems import bad_request
 from dispatcher.api.resources.base import (
     ApiContext,
     Resource,
@@ -19,6 +20,7 @@ from dispatcher.api.resources.base import (
     path_action,
     principal,
     read,
+    session,
 )
 from dispatcher.signing import new_secret
 from dispatcher.store import Connection
@@ -91,8 +93,15 @@ class Endpoint(Resource):
             resp.media = _shown_endpoint(self.ctx, conn, who, ident)
 
     def on_delete(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
-        with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
-            endpoint_store.delete_endpoint(conn, who.workspace_id, ident, who.token_id)
+        """409 when the endpoint holds rows (paused) unless ``?confirm=held``: deleting ends them."""
+        params.discard_body(req, self.ctx.config.max_body_bytes)
+        with session(self.ctx, req, auth.WRITE) as (conn, who):
+            ident = params.path_id(endpoint_id, "endpoint")
+            params.only(req, "confirm")
+            confirm = params.single(req, "confirm")
+            if confirm not in (None, "held"):
+                raise bad_request("confirm must be 'held'")
+            endpoint_store.delete_endpoint(conn, who.workspace_id, ident, who.token_id, confirm_held=confirm == "held")
         resp.status = falcon.HTTP_204
 
 
@@ -114,3 +123,21 @@ class SecretRotate(Resource):
             until = endpoint_store.rotate_endpoint_secret(conn, who.workspace_id, ident, secret, self.ctx.secret_grace,
                                                           who.token_id)
         resp.media = {"endpoint_id": ident, "secret": secret, "previous_valid_until": until.isoformat()}
+
+
+class Pause(Resource):
+    """POST /v2/webhooks/endpoints/{endpoint_id}/pause: hold its events, send none, until resumed."""
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
+            endpoint_store.pause_endpoint(conn, who.workspace_id, ident, "customer", who.token_id)
+            resp.media = _shown_endpoint(self.ctx, conn, who, ident)
+
+
+class Resume(Resource):
+    """POST /v2/webhooks/endpoints/{endpoint_id}/resume: its held events are sent again, oldest first."""
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response, endpoint_id: str) -> None:
+        with path_action(self.ctx, req, endpoint_id, "endpoint") as (conn, who, ident):
+            endpoint_store.resume_endpoint(conn, who.workspace_id, ident, who.token_id)
+            resp.media = _shown_endpoint(self.ctx, conn, who, ident)

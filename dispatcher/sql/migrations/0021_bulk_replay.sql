@@ -67,7 +67,10 @@ LANGUAGE sql STABLE AS $$
                           AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
 $$;
 
+-- The list is 0020's (endpoint.pause, endpoint.resume) plus replay.bulk: each
+-- migration that re-creates this CHECK keeps every action an earlier one added.
 ALTER TABLE api_audit DROP CONSTRAINT api_audit_action_check;
 ALTER TABLE api_audit ADD CONSTRAINT api_audit_action_check CHECK (action IN (
     'delivery.replay', 'endpoint.recover', 'endpoint.create', 'endpoint.update', 'endpoint.delete',
-    'endpoint.breaker_close', 'endpoint.secret_rotate', 'workspace.update', 'replay.bulk'));
+    'endpoint.breaker_close', 'endpoint.secret_rotate', 'workspace.update', 'endpoint.pause', 'endpoint.resume',
+    'replay.bulk'));

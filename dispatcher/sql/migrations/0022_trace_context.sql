@@ -77,8 +77,10 @@ BEGIN
             RETURN;
         END IF;
         -- The hot path: one INSERT ... SELECT, nothing returned but the count.
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
-        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live'
+        -- A paused endpoint's row is written held (0020); this body supersedes 0020's.
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, status)
+        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live',
+               CASE WHEN e.paused_at IS NULL THEN 'pending' ELSE 'held' END
           FROM webhook_endpoints e
          WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
            AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
