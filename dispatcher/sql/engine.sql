@@ -33,8 +33,10 @@ WITH RECURSIVE token AS (
              -- breaker.BreakerPolicy.admits: a missing deadline counts as lapsed
              WHERE o.state <> 'closed' AND (o.open_until IS NULL OR o.open_until <= now())
                AND o.endpoint_id <> ALL (%(busy)s::bigint[])
-               -- a paused endpoint is never probed (a straggler row: see candidates)
-               AND (SELECT p.paused_at FROM webhook_endpoints p WHERE p.id = o.endpoint_id) IS NULL
+               -- a paused endpoint is never probed (a straggler row: see candidates); an
+               -- anti-join, so the planner still drives the EXISTS below from endpoint_state
+               AND NOT EXISTS (SELECT 1 FROM webhook_endpoints p
+                                WHERE p.id = o.endpoint_id AND p.paused_at IS NOT NULL)
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
                               AND d.next_attempt_at <= now()

@@ -35,7 +35,7 @@ PARAMS: dict[str, Any] = {
     "owner": "w", "limit": 100, "per_endpoint": 4, "share": 4, "busy": [], "after": 0, "lease": 30.0, "grace": 0.0,
     "refill": '[{"endpoint_id": 1, "want": 4, "renew": true}]', "slots": "[]",
     "row_age": 60.0, "threshold": 100, "min_ceiling": 0.0, "ids": [1], "id": 1, "reason": "r",
-    "ceiling": 86400.0, "ceilings": "{}",
+    "ceiling": 86400.0, "ceilings": "{}", "cause": "operator",
 }
 
 
