@@ -85,6 +85,24 @@ def current_context() -> dict[str, str] | None:
 # dispatcher_sampled_trace_id is its SQL twin (tests/integration/test_trace_ids.py).
 _SAMPLED = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f][13579bdf]")
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
+
+
+def _valid_parent(carrier: Mapping[str, str] | None) -> re.Match[str] | None:
+    """The parts of a carrier's ``traceparent`` (version, trace id, span id, flags) when it is a
+    valid W3C one; None when absent or invalid (bad format, version ff, an all-zero id): no parent."""
+    value = carrier.get(TRACEPARENT) if carrier else None
+    found = _TRACEPARENT.fullmatch(value) if isinstance(value, str) else None
+    if found is None or found[1] == "ff" or found[2] == _ZERO_TRACE or found[3] == _ZERO_SPAN:
+        return None
+    return found
+
+
+def _state_of(carrier: Mapping[str, str] | None) -> str | None:
+    """The carrier's ``tracestate`` text, passed on unchanged -- unless it could not go out as a
+    header value (W3C: printable ASCII), then dropped."""
+    state = carrier.get(TRACESTATE) if carrier else None
+    return state if isinstance(state, str) and state and state.isascii() and state.isprintable() else None
 
 
 def is_sampled(traceparent: str | None) -> bool:
@@ -116,13 +134,33 @@ class SpanHandle:
     def headers(self) -> dict[str, str]:
         return {}
 
+    def end(self) -> None:
+        return None
+
 
 NO_SPAN = SpanHandle()
 
 
+class _UnkeptSpan(SpanHandle):
+    """A span that is not kept (99 attempts in 100 at a 1 % ratio): two strings, no OpenTelemetry
+    object at all.  It only carries its W3C context to the POST's headers: the parent's trace id
+    (or a fresh one), a fresh span id, flags ``00``, the parent's ``tracestate`` as it came."""
+
+    traceparent: str
+
+    def __init__(self, traceparent: str, tracestate: str | None) -> None:
+        self.traceparent = traceparent
+        self._state = tracestate
+
+    def headers(self) -> dict[str, str]:
+        if self._state:
+            return {TRACEPARENT: self.traceparent, TRACESTATE: self._state}
+        return {TRACEPARENT: self.traceparent}
+
+
 class _Span(SpanHandle):
-    """A live span: attributes and links are best effort (errors logged at debug, never raised).
-    An unsampled one is a NonRecordingSpan: it only carries its context (for the POST's headers)."""
+    """A kept span, recorded by the SDK: attributes and links are best effort (errors logged at
+    debug, never raised).  A span not kept is an _UnkeptSpan instead."""
 
     def __init__(self, span: Any, owner: Tracer) -> None:
         self._span = span
@@ -176,9 +214,11 @@ class Tracer:
 
     Sampling is decided here, before the SDK is asked for anything (its sampler is
     ParentBased(ALWAYS_ON)): a new trace is kept with probability ``sample_ratio``, a child
-    follows its parent's sampled flag.  A span that is not kept is a NonRecordingSpan made
-    here with fresh ids -- it still carries a valid context for the POST's traceparent -- so
-    at a 1 % ratio 99 attempts in 100 cost a few microseconds, not the SDK's span start."""
+    follows its parent's sampled flag.  A span that is not kept is an _UnkeptSpan: its
+    traceparent is one f-string (the parent's trace id or a fresh one, a fresh span id) and
+    no OpenTelemetry object is made -- it still carries a valid context for the POST's
+    traceparent -- so at a 1 % ratio 99 attempts in 100 cost about two microseconds, not
+    the SDK's span start nor the parse of their parent into OpenTelemetry's objects."""
 
     def __init__(self, provider: Any = None, sample_ratio: float = 1.0) -> None:
         self._provider = provider
@@ -214,17 +254,13 @@ class Tracer:
 
     def remote_context(self, carrier: Mapping[str, str] | None) -> Any:
         """The remote SpanContext a W3C carrier names, or None (absent or malformed: never raised)."""
-        value = carrier.get(TRACEPARENT) if carrier else None
-        found = _TRACEPARENT.fullmatch(value) if isinstance(value, str) else None
-        if found is None or found.group(1) == "ff":
-            return None
-        trace_id, span_id = int(found.group(2), 16), int(found.group(3), 16)
-        if not trace_id or not span_id:
+        found = _valid_parent(carrier)
+        if found is None:
             return None
         state = self._api.TraceState.from_header([carrier[TRACESTATE]]) \
             if carrier and carrier.get(TRACESTATE) else None
-        return self._api.SpanContext(trace_id, span_id, is_remote=True,
-                                     trace_flags=self._api.TraceFlags(int(found.group(4), 16) & 1),
+        return self._api.SpanContext(int(found[2], 16), int(found[3], 16), is_remote=True,
+                                     trace_flags=self._api.TraceFlags(int(found[4], 16) & 1),
                                      trace_state=state)
 
     def span_contexts(self, carriers: Iterable[Mapping[str, str] | None]) -> list[Any]:
@@ -234,29 +270,49 @@ class Tracer:
         return [c for c in map(self.remote_context, carriers) if c is not None]
 
     def begin(self, name: str, parent: Mapping[str, str] | None = None, kind: str = "internal",
-              start_time: int | None = None) -> _Span | None:
-        """A started span (the caller ends it), or None when it could not be made."""
+              start_time: int | None = None) -> SpanHandle | None:
+        """A started span (the caller ends it), or None when it could not be made.
+
+        Kept or not is decided from the parent's traceparent text (its sampled flag) or, without
+        a valid parent, by ``sample_ratio``; a span not kept never reaches OpenTelemetry."""
         if self._tracer is None:
             return None
         try:
-            trace = self._api
-            remote = self.remote_context(parent)
-            keep = remote.trace_flags.sampled if remote is not None else self._random.random() < self._ratio
+            found = _valid_parent(parent)
+            keep = int(found[4], 16) & 1 if found is not None else self._random.random() < self._ratio
             if not keep:
                 ids = self._random
-                context = trace.SpanContext(remote.trace_id if remote is not None else _nonzero(ids, 128),
-                                            _nonzero(ids, 64), is_remote=False,
-                                            trace_flags=trace.TraceFlags(0),
-                                            trace_state=remote.trace_state if remote is not None else None)
-                return _Span(trace.NonRecordingSpan(context), self)
-            from opentelemetry.context import Context
-
-            context = trace.set_span_in_context(trace.NonRecordingSpan(remote)) if remote is not None else Context()
-            return _Span(self._tracer.start_span(name, context=context, kind=getattr(trace.SpanKind, kind.upper()),
-                                                 start_time=start_time), self)
+                span_id = ids.getrandbits(64) or _nonzero(ids, 64)
+                if found is None:
+                    return _UnkeptSpan(f"00-{_nonzero(ids, 128):032x}-{span_id:016x}-00", None)
+                return _UnkeptSpan(f"00-{found[2]}-{span_id:016x}-00", _state_of(parent))
+            return self._kept(self._tracer, name, parent, kind, start_time)
         except Exception:
             log.debug("span %s not started", name, exc_info=True)
             return None
+
+    def _kept(self, tracer: Any, name: str, parent: Mapping[str, str] | None, kind: str,
+              start_time: int | None) -> _Span:
+        """A span the SDK records: the remote parent's child, or a root."""
+        from opentelemetry.context import Context
+
+        trace = self._api
+        remote = self.remote_context(parent)
+        context = trace.set_span_in_context(trace.NonRecordingSpan(remote)) if remote is not None else Context()
+        return _Span(tracer.start_span(name, context=context, kind=getattr(trace.SpanKind, kind.upper()),
+                                       start_time=start_time), self)
+
+    def otel_span(self, live: SpanHandle) -> Any:
+        """The OpenTelemetry span of a started one, made on demand for a span not kept (an API
+        request's, to be the current span while the resource runs: a replay takes its context)."""
+        if isinstance(live, _Span):
+            return live._span
+        if live.traceparent is None:
+            return None
+        trace, state = self._api, live.headers().get(TRACESTATE)
+        return trace.NonRecordingSpan(trace.SpanContext(
+            int(live.traceparent[3:35], 16), int(live.traceparent[36:52], 16), is_remote=False,
+            trace_flags=trace.TraceFlags(0), trace_state=trace.TraceState.from_header([state]) if state else None))
 
     @contextmanager
     def span(self, name: str, *, parent: Mapping[str, str] | None = None,
@@ -349,7 +405,9 @@ class TracingMiddleware:
             if live is None:
                 return
             live.set({"http.request.method": req.method, "url.path": req.path})
-            span = live._span
+            span = self._tracer.otel_span(live)
+            if span is None:
+                return
             req.context.otel_span = span
             req.context.otel_token = context.attach(trace.set_span_in_context(span))
         except Exception:

@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -160,3 +163,120 @@ def test_sampling_is_decided_before_the_sdk_and_children_follow_their_parent() -
     always.flush()
     assert [s.name for s in exporter.get_finished_spans()] == ["child"]
     assert exporter.get_finished_spans()[0].parent.span_id == int("b" * 16, 16)
+
+
+PARENT_TRACE, PARENT_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+UNSAMPLED = f"00-{PARENT_TRACE}-{PARENT_SPAN}-00"
+INVALID_PARENTS = [
+    "00-zz", "", f"ff-{PARENT_TRACE}-{PARENT_SPAN}-01", f"00-{'0' * 32}-{PARENT_SPAN}-01",
+    f"00-{PARENT_TRACE}-{'0' * 16}-01", f"00-{PARENT_TRACE.upper()}-{PARENT_SPAN}-01",
+    f"00-{PARENT_TRACE}-{PARENT_SPAN}-01-extra", 42,
+]
+
+
+class TestUnkeptSpans:
+    """A span that is not kept (issue 26's cost): strings only, never an OpenTelemetry object."""
+
+    made: list[Tracer]
+
+    @pytest.fixture
+    def exporter(self) -> Iterator[Any]:
+        pytest.importorskip("opentelemetry.sdk")
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        self.made = []
+        yield InMemorySpanExporter()
+        for tracer in self.made:
+            tracer.shutdown()
+
+    def tracer(self, exporter: Any, ratio: float) -> Tracer:
+        tracer = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=ratio), "test", exporter=exporter)
+        self.made.append(tracer)
+        return tracer
+
+    def test_a_child_of_an_unsampled_parent_holds_strings_only(self, exporter: Any) -> None:
+        tracer = self.tracer(exporter, 1.0)  # the parent's flag decides, not the ratio
+        span = tracer.begin("attempt", {"traceparent": UNSAMPLED, "tracestate": "congo=t61rcWkgMzE,rojo=00f0"})
+        assert span is not None and not span.recording and span.trace_id is None
+        assert all(isinstance(value, str) for value in vars(span).values()), vars(span)
+        assert type(span).__module__ == "dispatcher.tracing"
+        span.set({"a": 1})
+        span.link([{"traceparent": UNSAMPLED}])
+        span.failed("no")
+        span.end()
+        tracer.flush()
+        assert exporter.get_finished_spans() == ()
+
+    def test_its_traceparent_inherits_the_trace_and_carries_the_tracestate_unchanged(self, exporter: Any) -> None:
+        tracer = self.tracer(exporter, 0.0)
+        state = "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"  # as sent, spaces and all
+        span = tracer.begin("attempt", {"traceparent": UNSAMPLED, "tracestate": state})
+        assert span is not None and span.traceparent is not None
+        version, trace_id, span_id, flags = span.traceparent.split("-")
+        assert (version, trace_id, flags) == ("00", PARENT_TRACE, "00")
+        assert len(span_id) == 16 and span_id != PARENT_SPAN and int(span_id, 16)
+        assert span.headers() == {"traceparent": span.traceparent, "tracestate": state}
+        other = tracer.begin("attempt", {"traceparent": UNSAMPLED})
+        assert other is not None and other.headers() == {"traceparent": other.traceparent}
+        assert other.traceparent != span.traceparent
+
+    def test_a_tracestate_that_cannot_be_a_header_is_dropped(self, exporter: Any) -> None:
+        span = self.tracer(exporter, 0.0).begin("attempt", {"traceparent": UNSAMPLED, "tracestate": "a=b\r\nX: y"})
+        assert span is not None and "tracestate" not in span.headers()
+
+    def test_a_new_unkept_trace_has_fresh_ids(self, exporter: Any) -> None:
+        tracer = self.tracer(exporter, 0.0)
+        first, second = tracer.begin("attempt"), tracer.begin("attempt")
+        assert first is not None and second is not None
+        for span in (first, second):
+            assert span.traceparent is not None and is_valid_traceparent(span.traceparent)
+            assert span.traceparent.endswith("-00") and span.headers() == {"traceparent": span.traceparent}
+        assert first.traceparent.split("-")[1] != second.traceparent.split("-")[1]
+
+    @pytest.mark.parametrize("bad", INVALID_PARENTS)
+    def test_an_invalid_parent_is_no_parent(self, exporter: Any, bad: object) -> None:
+        carrier: Any = {"traceparent": bad, "tracestate": "k=v"}
+        unkept = self.tracer(exporter, 0.0).begin("attempt", carrier)
+        assert unkept is not None and unkept.traceparent is not None and is_valid_traceparent(unkept.traceparent)
+        assert unkept.traceparent.split("-")[1] != PARENT_TRACE and unkept.headers().keys() == {"traceparent"}
+        kept_tracer = self.tracer(exporter, 1.0)
+        kept = kept_tracer.begin("attempt", carrier)
+        assert kept is not None and kept.recording
+        kept.end()
+        kept_tracer.flush()
+        (finished,) = exporter.get_finished_spans()
+        assert finished.parent is None
+
+    @pytest.mark.parametrize("flags", ["01", "03"])
+    def test_a_sampled_parent_makes_a_kept_child(self, exporter: Any, flags: str) -> None:
+        tracer = self.tracer(exporter, 0.0)  # the parent's flag decides, not the ratio
+        span = tracer.begin("attempt", {"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-{flags}"})
+        assert span is not None and span.recording and span.trace_id == PARENT_TRACE
+        assert span.traceparent is not None and span.traceparent.endswith("-01")
+        span.end()
+        tracer.flush()
+        (finished,) = exporter.get_finished_spans()
+        assert f"{finished.parent.span_id:016x}" == PARENT_SPAN
+
+    def test_an_unkept_api_request_span_is_current_while_the_resource_runs(self, exporter: Any) -> None:
+        """A replay takes the request span's context (current_context) even when it is not kept."""
+        from dispatcher.tracing import TracingMiddleware
+
+        middleware = TracingMiddleware(self.tracer(exporter, 0.0))
+        headers = {"traceparent": UNSAMPLED, "tracestate": "k=v"}
+        req = SimpleNamespace(method="POST", path="/x", uri_template="/x", context=SimpleNamespace(),
+                              get_header=headers.get)
+        middleware.process_request(req, None)
+        carrier = current_context()
+        assert carrier is not None and carrier["traceparent"].split("-")[1] == PARENT_TRACE
+        assert carrier["traceparent"].endswith("-00") and carrier["tracestate"] == "k=v"
+        middleware.process_resource(req, None, None, {})
+        middleware.process_response(req, SimpleNamespace(status_code=202), None, True)
+        assert current_context() is None
+        assert exporter.get_finished_spans() == ()
+
+
+def is_valid_traceparent(value: str) -> bool:
+    version, trace_id, span_id, flags = value.split("-")
+    return (version == "00" and len(trace_id) == 32 and len(span_id) == 16 and len(flags) == 2
+            and int(trace_id, 16) > 0 and int(span_id, 16) > 0)
