@@ -31,6 +31,7 @@ here swallows its own errors.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import random
 import re
@@ -63,6 +64,18 @@ def _carrier(span_context: Any) -> dict[str, str] | None:
     if state:
         carrier[TRACESTATE] = state
     return carrier
+
+
+def carrier_of(text: str | None) -> dict[str, str] | None:
+    """A W3C carrier stored as JSON text (``trace_context``, as the claim returns it), or None:
+    absent, malformed or not an object, never raised.  Called only where a span needs it."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def current_context() -> dict[str, str] | None:

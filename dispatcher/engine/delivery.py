@@ -37,7 +37,7 @@ from dispatcher.rules.retry import (
 )
 from dispatcher.signing import InvalidSecret
 from dispatcher.store.engine import AttemptRecord, ClaimedRow
-from dispatcher.tracing import NO_SPAN, SpanHandle, Tracer
+from dispatcher.tracing import NO_SPAN, SpanHandle, Tracer, carrier_of
 
 log = logging.getLogger("dispatcher.delivery")
 
@@ -111,7 +111,7 @@ class DeliveryMaker:
         that root itself), linked to the producer's span and, for a replay, to the original's trace."""
         if not self._tracer.enabled:
             return self._attempt(row, claimed_at, NO_SPAN)
-        delivery = row.delivery_trace or {}
+        delivery = carrier_of(row.delivery_trace) or {}
         parent = {"traceparent": delivery["traceparent"]} if delivery.get("traceparent") else None
         replayed = {"traceparent": delivery["replayed_from"]} if delivery.get("replayed_from") else None
         span = self._tracer.begin("dispatcher.attempt", parent, kind="client")
@@ -119,7 +119,7 @@ class DeliveryMaker:
             return self._attempt(row, claimed_at, NO_SPAN)
         try:
             if span.recording:  # 99 in 100 at a 1 % ratio are not: build nothing for them
-                span.link((row.event_trace, replayed))
+                span.link((carrier_of(row.event_trace), replayed))
                 span.set(_span_attributes(row))
             done = self._attempt(row, claimed_at, span, parent is None)
             record = done.record

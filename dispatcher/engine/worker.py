@@ -56,7 +56,7 @@ from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection, 
 from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
 from dispatcher.store.replays import ReplayJobStore
-from dispatcher.tracing import Tracer
+from dispatcher.tracing import Tracer, carrier_of
 
 if TYPE_CHECKING:
     from dispatcher.engine.upkeep import Upkeep
@@ -237,7 +237,9 @@ class Worker:
             backoff.reset()
             if rows and self._tracer.enabled:
                 self._tracer.batch_span("dispatcher.claim", started_ns,
-                                        (row.delivery_trace or row.event_trace for row in rows),
+                                        # parsed only if the claim's span is kept (links)
+                                        (carrier_of(row.delivery_trace) or carrier_of(row.event_trace)
+                                         for row in rows),
                                         {"dispatcher.rows": len(rows), "dispatcher.owner": self.owner})
             self._accept(rows)
             self._settle_refills(refill, rows, answered=True)

@@ -226,8 +226,10 @@ SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.
        p.signing[1] AS secret, p.signing[2] AS previous_secret,
        p.ws_id AS workspace_id,
        -- Tracing (migration 0022): the producer's context, the delivery's own
-       -- trace, and whether the endpoint's POSTs carry traceparent.
-       (v.ev).trace_context AS event_trace, c.trace_context AS delivery_trace,
+       -- trace, and whether the endpoint's POSTs carry traceparent.  As text:
+       -- psycopg2 would decode jsonb for every row; the worker parses them only
+       -- when a span is kept (tracing.carrier_of), and not at all untraced.
+       (v.ev).trace_context::text AS event_trace, c.trace_context::text AS delivery_trace,
        coalesce(p.trace_headers, true) AS trace_headers
   FROM claimed c
   JOIN claimed_events v ON v.workspace_id = c.workspace_id AND v.event_id = c.event_id

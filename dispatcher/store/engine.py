@@ -279,10 +279,11 @@ class ClaimedRow:
     secret: str | None
     previous_secret: str | None
     workspace_id: str | None
-    # Tracing (migration 0022; dispatcher/tracing.py): W3C carriers, None when absent.
-    event_trace: dict[str, str] | None = None      # the producer's span when send() ran
-    delivery_trace: dict[str, str] | None = None   # the delivery's own trace ({"traceparent", "replayed_from"})
-    trace_headers: bool = True                     # the endpoint's POSTs carry traceparent
+    # Tracing (migration 0022; dispatcher/tracing.py): W3C carriers as the JSON text stored, None
+    # when absent.  Text, not dicts: only a kept span needs them (tracing.carrier_of parses them).
+    event_trace: str | None = None        # the producer's span when send() ran
+    delivery_trace: str | None = None     # the delivery's own trace ({"traceparent", "replayed_from"})
+    trace_headers: bool = True            # the endpoint's POSTs carry traceparent
 
 
 @dataclass(frozen=True, slots=True)

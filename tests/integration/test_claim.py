@@ -266,3 +266,16 @@ def test_one_claim_takes_at_most_its_share_of_an_endpoint(db) -> None:
     assert len(store.claim("w1", 10, 4, [], 0, 30.0, share=2)) == 2
     assert len(store.claim("w2", 10, 4, [], 0, 30.0, share=2)) == 2, "the other process takes the rest"
     assert store.claim("w3", 10, 4, [], 0, 30.0, share=2) == [], "and the region-wide 4 still holds"
+
+
+def test_the_claim_hands_trace_contexts_over_as_text(db) -> None:
+    """Text, not jsonb: psycopg2 would decode every row's; the worker parses one only when a span needs it."""
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 2)
+    producer = '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'
+    query(db.dsn, "UPDATE events SET trace_context = %s::jsonb", (producer,))
+    query(db.dsn, "UPDATE webhook_deliveries SET trace_context = %s::jsonb "
+                  "WHERE id = (SELECT min(id) FROM webhook_deliveries)", ('{"traceparent": "00-ab"}',))
+    first, second = sorted(_store(db).claim("w", 10, 4, [], 0, 30.0), key=lambda r: r.id)
+    assert (first.event_trace, first.delivery_trace) == (producer, '{"traceparent": "00-ab"}')
+    assert (second.event_trace, second.delivery_trace) == (producer, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from dispatcher.config import ConfigError, TracingConfig, config_from_mapping
-from dispatcher.tracing import NO_SPAN, Tracer, current_context, is_sampled, trace_id_of
+from dispatcher.tracing import NO_SPAN, Tracer, carrier_of, current_context, is_sampled, trace_id_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -280,3 +281,93 @@ def is_valid_traceparent(value: str) -> bool:
     version, trace_id, span_id, flags = value.split("-")
     return (version == "00" and len(trace_id) == 32 and len(span_id) == 16 and len(flags) == 2
             and int(trace_id, 16) > 0 and int(span_id, 16) > 0)
+
+
+@pytest.mark.parametrize(("text", "carrier"), [
+    (None, None), ("", None), ("{not json", None), ("[1, 2]", None), ('"00-abc"', None), ("null", None),
+    ('{"traceparent": "x", "replayed_from": "y"}', {"traceparent": "x", "replayed_from": "y"}),
+])
+def test_a_stored_carrier_is_parsed_without_raising(text: str | None, carrier: dict[str, str] | None) -> None:
+    assert carrier_of(text) == carrier
+
+
+class _Recorder:
+    """A transport that answers 200 and keeps the headers of each POST."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+
+    def post(self, url: str, headers: dict[str, str], body: bytes, workspace: str | None = None) -> Any:
+        from dispatcher.rules.attempt import TransportResult
+
+        self.headers.append(dict(headers))
+        return TransportResult(status=200, body=b"", error=None, detail="", retry_after=None, duration=0.01)
+
+    def close(self) -> None:
+        pass
+
+
+PRODUCER = f"00-{'c' * 32}-{'d' * 16}-01"
+
+
+class TestClaimedTraceText:
+    """The claim hands trace contexts over as JSON text; only a span that needs one parses it."""
+
+    def attempt(self, monkeypatch: pytest.MonkeyPatch, tracer: Tracer, delivery: str | None) -> tuple[
+            list[str | None], dict[str, str]]:
+        from dispatcher.engine import delivery as module
+        from dispatcher.rules.retry import RetryPolicies, RetryPolicy
+        from dispatcher.store.engine import ClaimedRow
+
+        parsed: list[str | None] = []
+
+        def counting(text: str | None) -> dict[str, str] | None:
+            parsed.append(text)
+            return carrier_of(text)
+
+        monkeypatch.setattr(module, "carrier_of", counting)
+        row = ClaimedRow(id=1, claim_token=1, grants_slot=True, endpoint_id=1, event_id="evt_1", attempt=2,
+                         mode="live", age=1.0, db_now=1.8e9, is_probe=False, event_type="job.done", sequence=1,
+                         occurred_at="", payload="{}", url="https://hooks.example.test/in", active=True,
+                         secret="s3cret", previous_secret=None, workspace_id="acme",
+                         event_trace=json.dumps({"traceparent": PRODUCER}), delivery_trace=delivery)
+        transport = _Recorder()
+        done = module.DeliveryMaker(transport, RetryPolicies(RetryPolicy()), tracer=tracer).attempt(row, 0.0)
+        assert done.record.status == "delivered"
+        (headers,) = transport.headers
+        return parsed, headers
+
+    def test_untraced_nothing_is_parsed(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        parsed, headers = self.attempt(monkeypatch, Tracer.off(), json.dumps({"traceparent": UNSAMPLED}))
+        assert parsed == [] and "traceparent" not in headers
+
+    def test_an_unkept_attempt_parses_its_delivery_trace_only(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        pytest.importorskip("opentelemetry.sdk")
+        tracer = Tracer.from_config(TracingConfig(enabled=True, exporter="none"), "test")
+        delivery = json.dumps({"traceparent": UNSAMPLED})
+        parsed, headers = self.attempt(monkeypatch, tracer, delivery)
+        assert parsed == [delivery]  # not the producer's: an unkept span makes no links
+        assert headers["traceparent"].split("-")[1] == PARENT_TRACE and headers["traceparent"].endswith("-00")
+        tracer.shutdown()
+
+    def test_a_kept_attempt_links_to_the_producer_from_the_text(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        pytest.importorskip("opentelemetry.sdk")
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        exporter = InMemorySpanExporter()
+        tracer = Tracer.from_config(TracingConfig(enabled=True), "test", exporter=exporter)
+        sampled = f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"
+        parsed, headers = self.attempt(monkeypatch, tracer, json.dumps({"traceparent": sampled}))
+        assert len(parsed) == 2 and headers["traceparent"].split("-")[1] == PARENT_TRACE
+        tracer.flush()
+        (span,) = exporter.get_finished_spans()
+        assert [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in span.links] == [
+            ("c" * 32, "d" * 16)]
+        tracer.shutdown()
+
+    def test_a_malformed_delivery_trace_is_no_parent(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        pytest.importorskip("opentelemetry.sdk")
+        tracer = Tracer.from_config(TracingConfig(enabled=True, exporter="none", sample_ratio=0.0), "test")
+        _, headers = self.attempt(monkeypatch, tracer, "{broken")
+        assert headers["traceparent"].split("-")[1] != PARENT_TRACE
+        tracer.shutdown()
