@@ -34,7 +34,7 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
                  context: dict[str, Any] | None = None, max_per_second: float | None = None,
                  duration: float | None = None, max_in_flight: int | None = None, receiver: str = "mock",
-                 rounds: int = 1) -> dict[str, Any]:
+                 rounds: int = 1, events: int | None = None) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
@@ -52,6 +52,8 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
         kwargs["max_per_second"] = max_per_second
     if name == "peer":
         kwargs["rounds"] = rounds
+    if name == "tracing":
+        kwargs["events"] = events
     if name == "isolation":
         kwargs["baseline"] = context.get("sustained_healthy_p99_ms")
         kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
@@ -148,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="peer: how many times to run the order peer, ours, ours, peer after the sweep of "
                              "the peer's tunings (default: 1)")
+    parser.add_argument("--events", type=int, default=None,
+                        help="tracing: events per drain (default 2,000, a tenth of W1; 20000 is W1's size)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a dispatcher setting for every scenario's engine, applied last (repeatable), "
                              "e.g. --set workers.lane_hold=false: the before of a before/after")
@@ -160,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--max-in-flight must be a positive number")
     if args.rounds < 1:
         parser.error("--rounds must be a positive number")
+    if args.events is not None and args.events < 1:
+        parser.error("--events must be a positive number")
     if args.duration is not None and args.duration <= 0:
         parser.error("--duration must be a positive number of seconds")
     names = args.scenario or list(SCENARIOS)
@@ -170,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
                               max_per_second=args.max_per_second, duration=args.duration,
-                              max_in_flight=args.max_in_flight, receiver=args.receiver, rounds=args.rounds)
+                              max_in_flight=args.max_in_flight, receiver=args.receiver, rounds=args.rounds,
+                              events=args.events)
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)

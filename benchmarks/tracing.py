@@ -9,8 +9,8 @@ workers export over OTLP/HTTP to a local sink that answers 200 to every export, 
 every claim, attempt and result write makes its span (1 % of them recorded).
 
 The size defaults to 2,000 events (20,000 deliveries) per drain, a tenth of
-``throughput``'s: the machine is shared, so the figures are noisy; compare the
-ratio, not the rates, with other runs.
+``throughput``'s; ``--events 20000`` is W1's own size.  On a shared machine the
+figures are noisy: compare the ratio, not the rates, with other runs.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def otlp_sink() -> Iterator[str]:
         server.server_close()
 
 
-def run(tiny: bool = False, client: str | None = None, processes: int = 2) -> dict[str, Any]:
-    events = 50 if tiny else 2_000
+def run(tiny: bool = False, client: str | None = None, processes: int = 2, events: int | None = None) -> dict[str, Any]:
+    events = 50 if tiny else events or 2_000
     workspaces = 10 if tiny else 100
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     with otlp_sink() as endpoint:
