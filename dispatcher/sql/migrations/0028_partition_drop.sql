@@ -1,0 +1,63 @@
+-- 0028: retention by dropping whole partitions (issue 25; the policy:
+-- dispatcher/rules/partitions.py; docs/operations.md, "Partition maintenance").
+--
+-- dispatcher_drop_partition(parent, name) detaches and drops one day (or
+-- *_before) partition that the upkeep leader's policy found past retention.
+-- The policy read its facts without a lock; this function checks the ones
+-- that make a drop unsafe again once it holds the lock, when they can no
+-- longer change:
+--
+--  * DETACH takes ACCESS EXCLUSIVE on the parent, its DEFAULT partition and
+--    the partition, so it starts only once every transaction that read or
+--    wrote any of them has ended, and none starts until this one commits;
+--  * a deliveries partition that still holds a pending (leased included) or
+--    held row is kept: the row still owes a delivery;
+--  * an events partition is kept while a delivery row refers to one of its
+--    days (webhook_deliveries.event_day, through its BRIN index): a replay
+--    committed after the policy looked, of a row that refers to it, is seen.
+--
+-- Kept, the function undoes the detach (a subtransaction) and returns why;
+-- dropped, it returns NULL.  The caller sets a short lock_timeout: waiting
+-- for the lock would queue every producer and worker behind it, so a busy
+-- table makes it fail with 55P03 instead, and it is tried again next round.
+-- The DEFAULT partitions are never dropped (they are pruned row by row).
+CREATE FUNCTION dispatcher_drop_partition(parent text, name text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    bound text;
+    bounds text[];
+    busy boolean;
+BEGIN
+    SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound
+      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = parent::regclass AND c.relname = name;
+    IF bound IS NULL THEN
+        RETURN format('%s is not a partition of %s', name, parent);
+    ELSIF bound = 'DEFAULT' THEN
+        RETURN 'the DEFAULT partition is never dropped';
+    END IF;
+    BEGIN
+        EXECUTE format('ALTER TABLE %I DETACH PARTITION %I', parent, name);
+        IF parent = 'webhook_deliveries' THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %1$I WHERE status = ''pending'') '
+                           'OR EXISTS (SELECT 1 FROM %1$I WHERE status = ''held'')', name) INTO busy;
+            IF busy THEN
+                RAISE EXCEPTION 'holds pending or held rows, which still owe a delivery';
+            END IF;
+        ELSIF parent = 'events' THEN
+            bounds := regexp_match(bound, 'FROM \(''?([^'')]*)''?\) TO \(''?([^'')]*)''?\)');
+            SELECT EXISTS (SELECT 1 FROM webhook_deliveries d
+                            WHERE d.event_day >= coalesce(nullif(bounds[1], 'MINVALUE')::date, '-infinity')
+                              AND d.event_day < coalesce(nullif(bounds[2], 'MAXVALUE')::date, 'infinity'))
+              INTO busy;
+            IF busy THEN
+                RAISE EXCEPTION 'delivery rows still refer to its events';
+            END IF;
+        END IF;
+        EXECUTE format('DROP TABLE %I', name);
+    EXCEPTION WHEN raise_exception THEN
+        RETURN SQLERRM;
+    END;
+    RETURN NULL;
+END;
+$$;
