@@ -8,6 +8,17 @@ import datetime
 import pytest
 
 from dispatcher.config import config_from_mapping
+from dispatcher.rules.health import (
+    PARTITION_DAYS_AHEAD,
+    BacklogFigures,
+    BacklogRule,
+    FleetFigures,
+    FleetRule,
+    Severity,
+    Verdict,
+    judge,
+    partition_breaches,
+)
 from dispatcher.rules.partitions import (
     ATTEMPTS,
     DELIVERIES,
@@ -272,3 +283,20 @@ def test_the_policy_takes_its_settings_from_the_config() -> None:
 def test_a_policy_out_of_range_is_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         PartitionPolicy(**bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- dispatcher check: too few days ahead
+
+
+def test_check_warns_when_a_table_has_fewer_than_two_days_ahead() -> None:
+    healthy_backlog = BacklogFigures(overdue_rows=0, oldest_age=None, held_rows=0, open_breakers=0)
+    healthy_fleet = FleetFigures(heartbeat_age=1.0, workers_alive=1, leader_age=1.0)
+    ok = judge(healthy_backlog, healthy_fleet, BacklogRule(), FleetRule(), {t: 2 for t in TABLES})
+    assert ok == Verdict(Severity.OK, ())
+    short = judge(healthy_backlog, healthy_fleet, BacklogRule(), FleetRule(), {DELIVERIES: 7, ATTEMPTS: 1, EVENTS: 0})
+    assert short.severity is Severity.WARNING
+    assert [p.split(" ", 1)[0] for p in short.problems] == [EVENTS, ATTEMPTS]
+    assert "DEFAULT partition" in short.problems[0]
+    backlog = BacklogFigures(overdue_rows=10**6, oldest_age=10**6, held_rows=0, open_breakers=0)
+    assert judge(backlog, healthy_fleet, BacklogRule(), FleetRule(), {EVENTS: 0}).severity is Severity.CRITICAL
+    assert partition_breaches({}) == [] and partition_breaches({EVENTS: PARTITION_DAYS_AHEAD}) == []
