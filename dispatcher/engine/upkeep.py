@@ -89,8 +89,8 @@ class Upkeep:
         self._sweep_expired()
         self._keep_paused()
         self._store.prune_lapsed_leases()
-        self._keep_partitions()
         self._prune()
+        self._keep_partitions()  # last: a refusal raised here leaves the round's other work done
 
     @property
     def is_leader(self) -> bool:

@@ -1,5 +1,62 @@
--- 0028: retention by dropping whole partitions (issue 25; the policy:
--- dispatcher/rules/partitions.py; docs/operations.md, "Partition maintenance").
+-- 0028: the upkeep's partition DDL, one partition at a time (issue 25; the
+-- policy: dispatcher/rules/partitions.py; docs/operations.md, "Partition
+-- maintenance").
+--
+-- dispatcher_create_partition(parent, day) creates one day's partition of one
+-- table, and returns its name (NULL: it existed).  The upkeep leader calls it
+-- for each missing day in a transaction of its own, under a short
+-- lock_timeout: one day it cannot create (its table busy, or the DEFAULT
+-- partition already holding rows of that day: check_violation) must not keep
+-- it from creating the others.  dispatcher_ensure_partitions (0027) now
+-- creates its days through it.
+CREATE FUNCTION dispatcher_create_partition(parent text, day date) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    name text := dispatcher_partition_name(parent, day);
+BEGIN
+    IF to_regclass(name) IS NOT NULL THEN
+        RETURN NULL;  -- no lock taken: CREATE ... PARTITION OF would lock the parent first
+    END IF;
+    IF parent = 'events' THEN
+        EXECUTE format('CREATE TABLE %I PARTITION OF events FOR VALUES FROM (%L) TO (%L)',
+                       name, to_char(day, 'YYYY-MM-DD'), to_char(day + 1, 'YYYY-MM-DD'));
+    ELSIF parent = 'webhook_deliveries' THEN
+        -- HOT updates of the lease columns depend on the room fillfactor leaves (docs/claim.md).
+        EXECUTE format('CREATE TABLE %I PARTITION OF webhook_deliveries FOR VALUES FROM (%s) TO (%s) '
+                       'WITH (fillfactor = 50)', name, dispatcher_first_id(day), dispatcher_first_id(day + 1));
+    ELSIF parent = 'webhook_delivery_attempts' THEN
+        EXECUTE format('CREATE TABLE %I PARTITION OF webhook_delivery_attempts FOR VALUES FROM (%s) TO (%s)',
+                       name, dispatcher_first_id(day), dispatcher_first_id(day + 1));
+    ELSE
+        RAISE EXCEPTION '% is not a partitioned table of the dispatcher', parent;
+    END IF;
+    RETURN name;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION dispatcher_ensure_partitions(days_ahead int) RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    parent text;
+    made text;
+BEGIN
+    FOREACH parent IN ARRAY ARRAY['webhook_deliveries', 'webhook_delivery_attempts', 'events'] LOOP
+        IF to_regclass(parent || '_default') IS NULL THEN
+            EXECUTE format('CREATE TABLE %I PARTITION OF %I DEFAULT%s', parent || '_default', parent,
+                           CASE WHEN parent = 'webhook_deliveries' THEN ' WITH (fillfactor = 50)' ELSE '' END);
+            RETURN NEXT parent || '_default';
+        END IF;
+        FOR n IN 0 .. days_ahead LOOP
+            made := dispatcher_create_partition(parent, dispatcher_today() + n);
+            IF made IS NOT NULL THEN
+                RETURN NEXT made;
+            END IF;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
+-- Retention by dropping whole partitions.
 --
 -- dispatcher_drop_partition(parent, name) detaches and drops one day (or
 -- *_before) partition that the upkeep leader's policy found past retention.
