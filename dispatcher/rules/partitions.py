@@ -1,12 +1,16 @@
-"""The outbox partitioned by day (issue 25): ids that encode their day, and the upkeep's partition policy.
+"""The outbox partitioned by day (migrations 0025-0027; docs/claim.md, docs/operations.md).
 
-Ids.  ``webhook_deliveries`` and ``webhook_delivery_attempts`` are partitioned
-by range of ``id``, and an id carries the UTC day it was written on: its top
-bits count days since 2020-01-01 (:func:`first_id`, :func:`day_of_id`; the SQL
-twins are ``dispatcher_first_id`` and ``dispatcher_day_of_id``).  ``events``
-is partitioned by its ``day`` column.  Each table has day partitions
-``<table>_pYYYYMMDD``, the legacy table attached as ``<table>_before`` and a
-``<table>_default`` that catches a row whose day has no partition.
+``webhook_deliveries`` and ``webhook_delivery_attempts`` are partitioned by
+RANGE (id), and an id encodes the UTC day it was written: a day's first id is
+``(day - 2020-01-01) << 38``, so each day holds 2^38 ids.  ``events`` is
+partitioned by its ``day`` column.  A table's partition for one day is named
+``<table>_pYYYYMMDD``; the legacy table is ``<table>_before`` and the DEFAULT
+partition ``<table>_default``.
+
+These are the Python twins of the SQL functions dispatcher_first_id,
+dispatcher_day_of_id and dispatcher_partition_name (0025);
+tests/integration/test_partitions.py holds both to the same cases.  Pure: no
+clock, no I/O.
 
 Policy.  The upkeep leader (``dispatcher.engine.upkeep``) lists the partitions
 with a few facts and asks :meth:`PartitionPolicy.plan` what to do: which day
@@ -27,7 +31,7 @@ written (the end of its day; ``partitioning.legacy_until`` for ``*_before``):
   refers to one of its events: then it *waits*;
 * ``*_default``: never dropped (overflow only; the batched prune keeps it small).
 
-Pure: the clock (``now``, the database's) and the facts are passed in.
+The policy is pure too: the clock (``now``, the database's) and the facts are passed in.
 """
 
 from __future__ import annotations
@@ -37,32 +41,33 @@ import enum
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import date, timedelta
 
-# ---------------------------------------------------------------- ids that encode their day
-
-EPOCH = datetime.date(2020, 1, 1)
-DAY_BITS = 38  # 2^38 ids a day per table: far above any sequence's daily growth
-LEGACY_ID_END = 1 << DAY_BITS  # first_id(2020-01-02): where *_before ends (legacy ids are plain sequence values)
-EVENTS_LEGACY_END = datetime.date(2000, 1, 2)  # events_before ends here: legacy rows have day 2000-01-01
-
-DELIVERIES = "webhook_deliveries"
-ATTEMPTS = "webhook_delivery_attempts"
-EVENTS = "events"
-TABLES = (DELIVERIES, ATTEMPTS, EVENTS)
+EPOCH = date(2020, 1, 1)  # day 0: every id written before 0027 (a plain sequence value) is in it
+DAY_BITS = 38             # ids per day: 2^38
+TABLES = ("webhook_deliveries", "webhook_delivery_attempts", "events")
 
 
-def first_id(day: datetime.date) -> int:
-    """The smallest id of ``day`` (``dispatcher_first_id``)."""
+def first_id(day: date) -> int:
+    """The first id of ``day``: ids of that day are [first_id(day), first_id(day + 1 day))."""
     return (day - EPOCH).days << DAY_BITS
 
 
-def day_of_id(id_: int) -> datetime.date:
-    """The UTC day an id was made on (``dispatcher_day_of_id``); legacy ids are day 0, 2020-01-01."""
-    return EPOCH + datetime.timedelta(days=id_ >> DAY_BITS)
+def day_of_id(id_: int) -> date:
+    """The UTC day an id was written on (EPOCH for ids written before migration 0027)."""
+    return EPOCH + timedelta(days=id_ >> DAY_BITS)
 
 
-def partition_name(table: str, day: datetime.date) -> str:
+def partition_name(table: str, day: date) -> str:
+    """The name of ``table``'s partition for ``day``: ``events_p20260131``."""
     return f"{table}_p{day:%Y%m%d}"
+
+
+# ---------------------------------------------------------------- the partition policy (upkeep)
+
+DELIVERIES, ATTEMPTS, EVENTS = TABLES
+LEGACY_ID_END = 1 << DAY_BITS  # first_id(2020-01-02): where *_before ends (legacy ids are plain sequence values)
+EVENTS_LEGACY_END = date(2000, 1, 2)  # events_before ends here: legacy rows have day 2000-01-01
 
 
 def before_name(table: str) -> str:
@@ -72,8 +77,6 @@ def before_name(table: str) -> str:
 def default_name(table: str) -> str:
     return f"{table}_default"
 
-
-# ---------------------------------------------------------------- the partition policy
 
 DAY = datetime.timedelta(days=1)
 
