@@ -6,15 +6,11 @@
 -- Every partition of the three partitioned tables with its bounds (NULL:
 -- MINVALUE, MAXVALUE or DEFAULT; the policy tells a day, *_before and DEFAULT
 -- apart by them), and for deliveries the facts the policy reads: a pending
--- (leased included) or held row, a dead or failed row.  Each fact is one
--- probe of a partial index of that one partition: the id range comes from
--- the outer row, so the planner prunes every other partition at run time.
--- With %(facts)s false (dispatcher check, status) only the catalog is read.
--- SET LOCAL (one implicit transaction with the query): stale statistics of a
--- big partition must not make a sequential scan look cheap.
-SET LOCAL enable_seqscan = off;
+-- (leased included) or held row, a dead or failed row -- each one probe of a
+-- partial index of that partition (dispatcher_partition_holds, 0028).  With
+-- %(facts)s false (dispatcher check, status) only the catalog is read.
 WITH found AS MATERIALIZED (
-    SELECT p.relname::text AS parent, c.relname::text AS name,
+    SELECT p.relname::text AS parent, c.relname::text AS name, c.oid::regclass AS part,
            pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' AS is_default,
            regexp_match(pg_get_expr(c.relpartbound, c.oid),
                         'FROM \(''?([^'')]*)''?\) TO \(''?([^'')]*)''?\)') AS bound
@@ -24,29 +20,20 @@ WITH found AS MATERIALIZED (
      WHERE i.inhparent IN ('webhook_deliveries'::regclass, 'webhook_delivery_attempts'::regclass,
                            'events'::regclass)
 ), bounds AS MATERIALIZED (
-    SELECT parent, name, is_default,
+    SELECT parent, name, part, is_default,
            CASE WHEN parent <> 'events' THEN nullif(bound[1], 'MINVALUE')::bigint END AS lower_id,
            CASE WHEN parent <> 'events' THEN nullif(bound[2], 'MAXVALUE')::bigint END AS upper_id,
            CASE WHEN parent = 'events' THEN nullif(bound[1], 'MINVALUE')::date END AS lower_day,
-           CASE WHEN parent = 'events' THEN nullif(bound[2], 'MAXVALUE')::date END AS upper_day
+           CASE WHEN parent = 'events' THEN nullif(bound[2], 'MAXVALUE')::date END AS upper_day,
+           %(facts)s AND parent = 'webhook_deliveries' AND NOT is_default AS probed
       FROM found
 )
-SELECT b.parent, b.name, b.is_default, b.lower_id, b.upper_id, b.lower_day, b.upper_day,
-       CASE WHEN %(facts)s AND b.parent = 'webhook_deliveries' AND NOT b.is_default THEN
-           EXISTS (SELECT 1 FROM webhook_deliveries d
-                    WHERE d.status = 'pending' AND d.id >= coalesce(b.lower_id, -9223372036854775808)
-                      AND d.id < coalesce(b.upper_id, 9223372036854775807))
-        OR EXISTS (SELECT 1 FROM webhook_deliveries d
-                    WHERE d.status = 'held' AND d.id >= coalesce(b.lower_id, -9223372036854775808)
-                      AND d.id < coalesce(b.upper_id, 9223372036854775807))
-       ELSE false END AS open_rows,
-       CASE WHEN %(facts)s AND b.parent = 'webhook_deliveries' AND NOT b.is_default THEN
-           EXISTS (SELECT 1 FROM webhook_deliveries d
-                    WHERE d.status IN ('dead', 'failed') AND d.id >= coalesce(b.lower_id, -9223372036854775808)
-                      AND d.id < coalesce(b.upper_id, 9223372036854775807))
-       ELSE false END AS ended_rows
-  FROM bounds b
- ORDER BY b.parent, b.is_default, coalesce(b.lower_id, -9223372036854775808), b.lower_day NULLS FIRST;
+SELECT parent, name, is_default, lower_id, upper_id, lower_day, upper_day,
+       CASE WHEN probed THEN dispatcher_partition_holds(part, '{pending}')
+                          OR dispatcher_partition_holds(part, '{held}') ELSE false END AS open_rows,
+       CASE WHEN probed THEN dispatcher_partition_holds(part, '{dead,failed}') ELSE false END AS ended_rows
+  FROM bounds
+ ORDER BY parent, is_default, coalesce(lower_id, -9223372036854775808), lower_day NULLS FIRST;
 
 -- name: partitions_legacy_until
 -- The database clock, and when each legacy table stopped taking rows (0027):

@@ -405,6 +405,20 @@ BEGIN
 END;
 $function$;
 
+CREATE OR REPLACE FUNCTION public.dispatcher_partition_holds(part regclass, statuses text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    found boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = ANY (%L::text[]))', part, statuses) INTO found;
+    RETURN found;
+END;
+$function$;
+
 CREATE OR REPLACE FUNCTION public.dispatcher_drop_partition(parent text, name text)
  RETURNS text
  LANGUAGE plpgsql

@@ -113,5 +113,5 @@ def region_status(conn: Connection, limits: Thresholds) -> dict[str, Any]:
             "top_failing": query_rows(conn, "operations_top_failing"),
             "processes": processes,
             "last_stop": next(iter(query_rows(conn, "operations_last_stop", {"region": limits.region})), None),
-            "partitions_ahead": days_ahead(conn),  # last: its query leaves enable_seqscan off in the transaction
+            "partitions_ahead": days_ahead(conn),
         }

@@ -48,10 +48,16 @@ def make_config(dsn: str, **retention: str) -> Config:
                                 "retention": retention}, env={})
 
 
-def run_upkeep(dsn: str, config: Config | None = None) -> Gauges:
+def leader(dsn: str, config: Config | None = None) -> tuple[Upkeep, Gauges]:
     config = config or make_config(dsn)
     metrics = Gauges(config)
-    Upkeep(config, EngineStore(ManagedConnection(dsn, "test")), metrics).run_once()
+    return Upkeep(config, EngineStore(ManagedConnection(dsn, "test")), metrics), metrics
+
+
+def run_upkeep(dsn: str, config: Config | None = None) -> Gauges:
+    """One round of a new leader."""
+    upkeep, metrics = leader(dsn, config)
+    upkeep.run_once()
     return metrics
 
 
@@ -77,9 +83,10 @@ def delivery(dsn: str, endpoint: int, day: datetime.date, status: str, n: int = 
              event_day: datetime.date | None = None) -> int:
     """A delivery row of ``day`` (id, created_at and event_day of that day unless told)."""
     row_id = first_id(day) + n
-    query(dsn, "INSERT INTO webhook_deliveries (id, workspace_id, endpoint_id, event_id, payload_hash, status, "
-               "created_at, event_day) VALUES (%s, 'ws', %s, %s, 'h', %s, %s::date + time '12:00', %s)",
-          (row_id, endpoint, f"ev-{day}-{n}", status, day, event_day or day))
+    query(dsn, "INSERT INTO webhook_deliveries (id, workspace_id, endpoint_id, event_id, payload_hash, status, mode, "
+               "created_at, event_day) VALUES (%s, 'ws', %s, %s, 'h', %s, %s, %s::date + time '12:00', %s)",
+          (row_id, endpoint, f"ev-{day}-{n}", status, "shadow" if status == "shadow" else "live", day,
+           event_day or day))
     return row_id
 
 
@@ -154,13 +161,14 @@ def test_a_partition_with_an_unfinished_or_recent_dead_row_stays(status: str, ac
     delivery(db.dsn, endpoint, old, "delivered", 1)
     kept = delivery(db.dsn, endpoint, old, status, 2)
 
+    upkeep, gauges = leader(db.dsn)
     with caplog.at_level(logging.INFO, logger="dispatcher.upkeep"):
-        gauges = run_upkeep(db.dsn)
-        again = run_upkeep(db.dsn)
+        upkeep.run_once()
+        upkeep.run_once()
 
     assert exists(db.dsn, name) and kept in {row[0] for row in query(db.dsn, "SELECT id FROM webhook_deliveries")}
     waiting = 1 if action is Action.WAIT else 0
-    assert gauges.last["webhook_partitions_waiting"] == again.last["webhook_partitions_waiting"] == waiting
+    assert gauges.last["webhook_partitions_waiting"] == waiting
     said = [r.getMessage() for r in caplog.records if name in r.getMessage()]
     assert len(said) == waiting, said  # once, not every round
     if waiting:
@@ -304,47 +312,12 @@ def test_a_producer_never_fails_for_want_of_a_partition(db, write_config, caplog
     assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries_default") == [(3,)]
     assert query(db.dsn, "SELECT count(*) FROM events_default") == [(3,)]
 
+    upkeep, _ = leader(db.dsn)
     with caplog.at_level(logging.WARNING, logger="dispatcher.upkeep"):
-        run_upkeep(db.dsn)
-        run_upkeep(db.dsn)
+        upkeep.run_once()
+        upkeep.run_once()
     refused = [r.getMessage() for r in caplog.records if "DEFAULT partition holds rows of that day" in r.getMessage()]
     assert len(refused) == 2, refused  # deliveries' and events' today, each said once
     for table in TABLES:
         assert exists(db.dsn, partition_name(table, base + 7 * DAY))
     assert not exists(db.dsn, partition_name(DELIVERIES, base))
-
-
-ROWS = [  # (status, created days ago, expected to survive)
-    ("delivered", 8, False), ("delivered", 6, True),
-    ("dead", 32, False), ("failed", 32, False), ("dead", 30.5, True), ("dead", 20, True),
-    ("pending", 60, True),  # never pruned, whatever its age: it is still owed a delivery
-    ("shadow", 8, False), ("shadow", 6, True),  # marked shadow rows: kept as long as delivered ones
-]
-
-
-def test_the_default_partitions_are_pruned_row_by_row_and_never_pending(db, endpoint) -> None:
-    """Q2's row rules, for the rows the DEFAULT partitions caught: ids of a day that has no partition."""
-    stray = today(db.dsn) - 60 * DAY
-    for n, (status, days, _) in enumerate(ROWS):
-        query(db.dsn, "INSERT INTO webhook_deliveries (id, workspace_id, endpoint_id, event_id, payload_hash, "
-                      "status, mode, created_at, event_day) VALUES (%s, 'ws', %s, %s, 'h', %s, %s, "
-                      "now() - make_interval(secs => %s), %s)",
-              (first_id(stray) + n, endpoint, f"ev-{n}", status, "shadow" if status == "shadow" else "live",
-               days * 86400, stray))
-    for n, days in enumerate((31, 29)):
-        query(db.dsn, "INSERT INTO webhook_delivery_attempts (id, delivery_id, endpoint_id, attempt, started_at, "
-                      "duration_ms, result) VALUES (%s, 1, %s, 1, now() - make_interval(secs => %s), 5, "
-                      "'delivered')", (first_id(stray) + n, endpoint, days * 86400))
-    for n, (days, referred) in enumerate([(91, False), (91, True), (89, False)]):
-        query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload, created_at, day) VALUES "
-                      "(%s, 'ws', 't', %s, '{}', now() - make_interval(secs => %s), %s)",
-              (f"ev-{n}" if referred else f"gone-{n}", n, days * 86400, stray))
-    config = config_from_mapping({"region": "test", "database": {"dsn": db.dsn}, "statsd": {"enabled": False},
-                                  "retention": {"dead": "30d", "delivered": "7d", "attempts": "30d",
-                                                "events": "90d", "batch": 2}}, env={})
-    run_upkeep(db.dsn, config)
-    survivors = {row[0] for row in query(db.dsn, "SELECT event_id FROM webhook_deliveries_default")}
-    assert survivors == {f"ev-{n}" for n, (_, _, kept) in enumerate(ROWS) if kept}
-    assert query(db.dsn, "SELECT round(extract(epoch FROM now() - started_at) / 86400) "
-                         "FROM webhook_delivery_attempts_default") == [(29,)]
-    assert sorted(row[0] for row in query(db.dsn, "SELECT id FROM events_default")) == ["ev-1", "gone-2"]

@@ -56,6 +56,21 @@ BEGIN
 END;
 $$;
 
+-- Whether one partition holds a row of one of these statuses: a query of that
+-- partition alone, which a partial index answers (pending: ..._pending_age,
+-- held: ..._held, dead and failed: ..._endpoint_failed).  Asked through the
+-- parent with the partition's id range instead, the planner joined the range
+-- of the primary key to the partial index (a bitmap of the whole day).
+CREATE FUNCTION dispatcher_partition_holds(part regclass, statuses text[]) RETURNS boolean
+LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $$
+DECLARE
+    found boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = ANY (%L::text[]))', part, statuses) INTO found;
+    RETURN found;
+END;
+$$;
+
 -- Retention by dropping whole partitions.
 --
 -- dispatcher_drop_partition(parent, name) detaches and drops one day (or
