@@ -5,6 +5,7 @@ that day (dispatcher_first_id) and that day gets its partition (dispatcher_creat
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -12,6 +13,7 @@ from contextlib import contextmanager
 import psycopg2
 import pytest
 
+from dispatcher.cli.main import main
 from dispatcher.config import Config, config_from_mapping
 from dispatcher.engine.upkeep import Upkeep
 from dispatcher.metrics import Metrics
@@ -321,3 +323,30 @@ def test_a_producer_never_fails_for_want_of_a_partition(db, write_config, caplog
     for table in TABLES:
         assert exists(db.dsn, partition_name(table, base + 7 * DAY))
     assert not exists(db.dsn, partition_name(DELIVERIES, base))
+
+
+def test_check_and_status_warn_when_fewer_than_two_days_are_ahead(db, endpoint, write_config, capsys) -> None:
+    base = today(db.dsn)
+    query(db.dsn, "INSERT INTO dispatcher_processes (owner, region, host, pid, started_at, leader_at) "
+                  "VALUES ('h:1:w1', 'test', 'h', 1, now(), now())")  # a healthy fleet: the verdict is ours
+    path = str(write_config(db))
+    assert main(["-c", path, "check"]) == 0
+    capsys.readouterr()
+    for n in range(2, 8):
+        query(db.dsn, "SELECT dispatcher_drop_partition('events', %s)", (partition_name(EVENTS, base + n * DAY),))
+
+    assert main(["-c", path, "check"]) == 1
+    line = capsys.readouterr().out
+    assert line.startswith("WARNING - events has partitions for 1 days ahead only (fewer than 2)"), line
+    assert "partitions_ahead_days=1" in line
+    assert main(["-c", path, "check", "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["partitions"]["days_ahead"] == {DELIVERIES: 7, ATTEMPTS: 7, EVENTS: 1}
+    assert main(["-c", path, "status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["partitions"]["days_ahead"][EVENTS] == 1 and status["health"]["status"] == "WARNING"
+    assert main(["-c", path, "status"]) == 0
+    assert "partitions days ahead: events 1" in capsys.readouterr().out
+
+    run_upkeep(db.dsn)  # the leader creates them again
+    assert main(["-c", path, "check"]) == 0
