@@ -35,7 +35,7 @@ from dispatcher.rules.health import partition_breaches
 from dispatcher.rules.partitions import EVENTS, Kind, Partition, Plan, ahead_days, partition_name
 from dispatcher.store.engine import EngineStore
 from dispatcher.store.operations import Presence
-from dispatcher.store.partitions import Listing, PartitionStore
+from dispatcher.store.partitions import Listing, Outcome, PartitionStore
 
 log = logging.getLogger("dispatcher.upkeep")
 
@@ -55,6 +55,14 @@ LEASE_FLOOR = 30.0
 GATE_EVIDENCE_KEPT = 35 * 86400.0
 
 
+Said = tuple[int, str]  # a log level and the message
+
+
+def _failed(outcome: Outcome) -> Said:
+    """A busy table is routine on a busy region (INFO); a refusal is not (WARNING)."""
+    return (logging.INFO if outcome.retry else logging.WARNING, f"{outcome.detail}; tried again next round")
+
+
 class Upkeep:
     def __init__(self, config: Config, store: EngineStore, metrics: Metrics, presence: Presence | None = None,
                  owner: str = "", partitions: PartitionStore | None = None) -> None:
@@ -62,7 +70,7 @@ class Upkeep:
         self._store = store
         self._partitions = partitions or PartitionStore(store.connection)
         self._partition_policy = config.partition_policy()
-        self._said: dict[str, str] = {}  # what the partition upkeep last logged about each partition
+        self._said: dict[str, Said] = {}  # what the partition upkeep last logged about each partition or table
         self._metrics = metrics
         self._presence = presence  # the leader's heartbeat row, stamped each round it holds the lease
         self._backlog_rule = config.alerts.backlog_rule()
@@ -170,14 +178,15 @@ class Upkeep:
         found = [self._probed(p, listing) for p in listing.partitions]
         plan = self._partition_policy.plan(listing.now, found, listing.legacy_until)
         busy: set[str] = set()
-        said: dict[str, str] = {}
+        said: dict[str, Said] = {}
         created = self._create_ahead(plan, busy, said)
         self._drop(plan, busy, said)
         for decision in plan.wait:
-            said[decision.partition.name] = f"partition {decision.partition.name} waits: {decision.reason}"
+            name = decision.partition.name
+            said[name] = (logging.WARNING, f"partition {name} waits: {decision.reason}")
         ahead = ahead_days(listing.now.astimezone(datetime.UTC).date(), [*found, *created])
         for problem in partition_breaches(ahead):
-            said[problem.split(" ", 1)[0]] = problem
+            said[problem.split(" ", 1)[0]] = (logging.WARNING, problem)
         self._log_changes(said)
         self._metrics.gauges([("webhook_partitions_ahead_days", min(ahead.values())),
                               ("webhook_partitions_waiting", len(plan.wait))])
@@ -190,7 +199,7 @@ class Upkeep:
             return partition
         return dataclasses.replace(partition, referenced=self._partitions.events_referenced(partition))
 
-    def _create_ahead(self, plan: Plan, busy: set[str], said: dict[str, str]) -> list[Partition]:
+    def _create_ahead(self, plan: Plan, busy: set[str], said: dict[str, Said]) -> list[Partition]:
         created = []
         for table, day in plan.create:
             if table in busy:
@@ -201,12 +210,12 @@ class Upkeep:
                 log.info("partitions: created %s", name)
                 created.append(Partition(table, name, Kind.DAY, day))
             else:
-                said[name] = f"{outcome.detail}; tried again next round"
+                said[name] = _failed(outcome)
                 if outcome.retry:
                     busy.add(table)
         return created
 
-    def _drop(self, plan: Plan, busy: set[str], said: dict[str, str]) -> None:
+    def _drop(self, plan: Plan, busy: set[str], said: dict[str, Said]) -> None:
         for decision in plan.drop:
             partition = decision.partition
             if partition.table in busy:
@@ -215,18 +224,18 @@ class Upkeep:
             if outcome.done:
                 log.info("retention: dropped %s: %s", partition.name, decision.reason)
             else:
-                said[partition.name] = f"{outcome.detail}; tried again next round"
+                said[partition.name] = _failed(outcome)
                 if outcome.retry:
                     busy.add(partition.table)
 
-    def _log_changes(self, said: dict[str, str]) -> None:
+    def _log_changes(self, said: dict[str, Said]) -> None:
         """Each wait or failure once, when it begins or changes (a round every check_interval would
-        repeat it thousands of times a day), and once when it ends."""
-        for key, message in said.items():
-            if self._said.get(key) != message:
-                log.warning("%s", message)
+        repeat it thousands of times a day), and once when it is over."""
+        for key, (level, message) in said.items():
+            if self._said.get(key) != (level, message):
+                log.log(level, "%s", message)
         for key in self._said.keys() - said.keys():
-            log.info("partitions: %s no longer waits", key)
+            log.info("partitions: over: %s", self._said[key][1])
         self._said = said
 
     def _prune(self) -> None:
