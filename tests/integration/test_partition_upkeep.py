@@ -177,18 +177,38 @@ def test_a_partition_with_an_unfinished_or_recent_dead_row_stays(status: str, ac
         assert "waits: holds pending or held rows" in said[0]
 
 
-def test_the_database_checks_again_under_the_lock(db, endpoint) -> None:
-    """The SQL twin of the waiting rule: asked to drop a partition that holds a pending row (a policy that
-    looked before the row was written), the database keeps it and says why."""
+@pytest.mark.parametrize(("status", "kept"), [("pending", True), ("held", True), ("dead", False),
+                                            ("delivered", False)])
+def test_the_database_checks_the_waiting_rule_again_under_the_lock(status: str, kept: bool, db, endpoint) -> None:
+    """The SQL twin of the waiting rule (dispatcher_drop_partition): asked to drop a partition that holds a
+    pending or held row (by a policy that looked before the row was written), the database keeps it and says
+    why; what the policy may drop for its age alone, it drops."""
     old = today(db.dsn) - 10 * DAY
     name = make_day(db.dsn, DELIVERIES, old)
-    delivery(db.dsn, endpoint, old, "pending")
+    delivery(db.dsn, endpoint, old, status)
     store = PartitionStore(ManagedConnection(db.dsn, "test"))
     (found,) = [p for p in store.listing().partitions if p.name == name]
-    assert found.open_rows and not found.ended_rows
+    assert (found.open_rows, found.ended_rows) == (kept, status == "dead")
     outcome = store.drop(found, lock_timeout=0.2)
-    assert not outcome.done and not outcome.retry and "pending or held" in outcome.detail
-    assert name in partitions(db.dsn, DELIVERIES)
+    assert (outcome.done, outcome.retry) == (not kept, False)
+    assert (name in partitions(db.dsn, DELIVERIES)) == kept
+    if kept:
+        assert "pending or held" in outcome.detail
+
+
+def test_the_database_keeps_an_events_partition_a_delivery_refers_to(db, endpoint) -> None:
+    old = today(db.dsn) - 100 * DAY
+    name = make_day(db.dsn, EVENTS, old)
+    event(db.dsn, old)
+    replay = delivery(db.dsn, endpoint, today(db.dsn), "pending", event_day=old)
+    store = PartitionStore(ManagedConnection(db.dsn, "test"))
+    (found,) = [p for p in store.listing().partitions if p.name == name]
+    assert store.events_referenced(found)
+    outcome = store.drop(found, lock_timeout=0.2)
+    assert not outcome.done and "delivery rows still refer to its events" in outcome.detail
+    query(db.dsn, "UPDATE webhook_deliveries SET event_day = dispatcher_today() WHERE id = %s", (replay,))
+    assert not store.events_referenced(found) and store.drop(found, lock_timeout=0.2).done
+    assert not exists(db.dsn, name)
 
 
 def test_the_listings_facts_are_the_partitions_own(db, endpoint) -> None:
