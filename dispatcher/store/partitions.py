@@ -26,7 +26,7 @@ DAY = datetime.timedelta(days=1)
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """The partitions, the database clock and ``partitioning.legacy_until``, read in one snapshot."""
+    """The partitions, the database clock and ``partitioning.legacy_until``, read in one transaction."""
 
     now: datetime.datetime
     partitions: tuple[Partition, ...]
