@@ -11,6 +11,10 @@ Covered: tables (partitioned ones and partitions included) with their
 columns, defaults, storage options and constraints; sequences; indexes;
 functions; triggers; views; comments.  Anything else in the schema (types,
 policies, grants) is reported on stderr, so the file is never silently short.
+
+Left out: partitions for one day (``<table>_pYYYYMMDD``, migration 0027 and
+the upkeep leader make them), whose names depend on the day the database was
+migrated; partitioned tables, their ``*_before`` and ``*_default`` partitions are in.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ Connection = psycopg2.extensions.connection
 
 SCHEMA = "public"
 LEFT_OUT = ("schema_migrations",)  # the migrator's bookkeeping, not the product's schema
+DATED_PARTITION = "_p[0-9]{8}$"  # a partition for one day (a POSIX regular expression)
 
 HEADER = """\
 -- The dispatcher's schema as the numbered migrations (sql/migrations/) leave
@@ -60,7 +65,9 @@ class Table:
 
 
 def tables(conn: Connection) -> list[Table]:
-    """Ordinary and partitioned tables, in creation order (the migrations' order)."""
+    """Ordinary and partitioned tables, in creation order (the migrations' order), partitions after
+    every other table (a legacy table attached as a partition is older than its parent); no dated
+    partitions."""
     found = rows(conn, """
         SELECT c.oid, quote_ident(c.relname), c.reloptions,
                CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END,
@@ -68,7 +75,8 @@ def tables(conn: Connection) -> list[Table]:
                CASE WHEN c.relispartition THEN pg_get_expr(c.relpartbound, c.oid) END
           FROM pg_class c
          WHERE c.relnamespace = %s::regnamespace AND c.relkind IN ('r', 'p') AND c.relname <> ALL (%s)
-         ORDER BY c.oid""", (SCHEMA, list(LEFT_OUT)))
+           AND NOT (c.relispartition AND c.relname ~ %s)
+         ORDER BY c.relispartition, c.oid""", (SCHEMA, list(LEFT_OUT), DATED_PARTITION))
     return [Table(*row) for row in found]
 
 
@@ -268,9 +276,10 @@ def unrendered(conn: Connection) -> list[str]:
 
 
 def render(conn: Connection) -> str:
-    """The whole schema, in an order that loads: sequences, tables, what must
-    wait for all the tables (some constraints, sequence ownership), indexes,
-    functions, views, triggers, comments."""
+    """The whole schema, in an order that loads: sequences, functions (a
+    column default may call one; their bodies are not checked), tables, what
+    must wait for all the tables (some constraints, sequence ownership),
+    indexes, views, triggers, comments."""
     serials = serial_columns(conn)
     created_sequences, ownerships = sequences(conn, serials)
     created: set[str] = set()
@@ -280,7 +289,7 @@ def render(conn: Connection) -> str:
         created.add(table.name)
         table_statements.append(statement)
         deferred += later
-    sections = [created_sequences, table_statements, deferred + ownerships, indexes(conn), functions(conn),
+    sections = [created_sequences, functions(conn), table_statements, deferred + ownerships, indexes(conn),
                 views(conn), triggers(conn), comments(conn)]
     body = "\n\n".join("\n\n".join(section) for section in sections if section)
     return f"{HEADER}\n{body}\n"

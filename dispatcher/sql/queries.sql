@@ -12,8 +12,12 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 -- name: migrations_table_exists
 SELECT to_regclass('schema_migrations') IS NOT NULL;
 
--- name: migrate_lock
-SELECT pg_advisory_xact_lock(hashtext('dispatcher.migrate'));
+-- name: migrate_try_lock
+-- Session-level: held across the migrations' own transactions (store.migrate).
+SELECT pg_try_advisory_lock(hashtext('dispatcher.migrate'));
+
+-- name: migrate_unlock
+SELECT pg_advisory_unlock(hashtext('dispatcher.migrate'));
 
 -- name: applied_migrations
 SELECT version FROM schema_migrations ORDER BY version;

@@ -8,9 +8,385 @@
 
 SET check_function_bodies = false;
 
+CREATE SEQUENCE webhook_deliveries_id_seq;
+
 CREATE SEQUENCE webhook_claim_tokens;
 
+CREATE SEQUENCE webhook_delivery_attempts_id_seq;
+
 CREATE SEQUENCE event_sequence;
+
+CREATE OR REPLACE FUNCTION public.webhook_endpoints_limit()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    owned int;
+BEGIN
+    IF NEW.purpose = 'operational' THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'INSERT' OR NEW.workspace_id IS DISTINCT FROM OLD.workspace_id THEN
+        PERFORM 1 FROM workspaces WHERE id = NEW.workspace_id FOR UPDATE;
+        SELECT count(*) INTO owned FROM webhook_endpoints
+         WHERE workspace_id = NEW.workspace_id AND purpose = 'customer' AND id <> NEW.id;
+        IF owned >= 100 THEN
+            RAISE EXCEPTION 'workspace % already has 100 endpoints, active or not', NEW.workspace_id
+                USING ERRCODE = 'check_violation';
+        END IF;
+    END IF;
+    IF NOT NEW.active THEN
+        RETURN NEW;
+    END IF;
+    PERFORM 1 FROM workspaces WHERE id = NEW.workspace_id FOR UPDATE;
+    SELECT count(*) INTO owned FROM webhook_endpoints
+     WHERE workspace_id = NEW.workspace_id AND active AND purpose = 'customer' AND id <> NEW.id;
+    IF owned >= 10 THEN
+        RAISE EXCEPTION 'workspace % already has 10 active endpoints', NEW.workspace_id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.rollout_bucket(workspace_id text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+RETURN ((((('x'::text || substr(md5(workspace_id), 1, 8)))::bit(32))::bigint % (100)::bigint))::integer;
+
+CREATE OR REPLACE FUNCTION public.webhook_outbox_on(flag jsonb, listed text, percent integer, bucket integer)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN (flag = 'true'::jsonb) THEN true WHEN (flag = 'false'::jsonb) THEN false WHEN (listed = 'exclude'::text) THEN false WHEN (listed = 'include'::text) THEN true ELSE (bucket < COALESCE(percent, 0)) END;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_bucket_level(max_per_second double precision, stored double precision, elapsed double precision)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN max_per_second IS NULL THEN NULL
+                WHEN stored IS NULL THEN greatest(1.0, max_per_second)
+                ELSE least(greatest(1.0, max_per_second), stored + max_per_second * greatest(elapsed, 0.0)) END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_room(concurrency integer, in_flight bigint, max_per_second double precision, stored double precision, elapsed double precision)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT CASE WHEN max_per_second IS NULL THEN greatest(0, concurrency - in_flight)
+                ELSE greatest(0, least(concurrency - in_flight,
+                                       floor(dispatcher_bucket_level(max_per_second, stored, elapsed))))
+           END::int
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_bucket_after(max_per_second double precision, stored double precision, elapsed double precision, taken bigint)
+ RETURNS double precision
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    -- greatest() skips NULLs: no rate must stay NULL, not become 0.
+    SELECT CASE WHEN max_per_second IS NOT NULL
+                THEN greatest(0.0, dispatcher_bucket_level(max_per_second, stored, elapsed) - taken) END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_lane_room(endpoint bigint, concurrency integer, max_per_second double precision)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE
+AS $function$
+    SELECT 0
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_signing_secrets(endpoint_secret text, endpoint_previous text, endpoint_rotated_at timestamp with time zone, workspace_secret text, workspace_previous text, workspace_rotated_at timestamp with time zone, grace double precision)
+ RETURNS text[]
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT CASE WHEN endpoint_secret IS NOT NULL
+                THEN ARRAY[endpoint_secret, CASE WHEN endpoint_rotated_at > now() - make_interval(secs => grace)
+                                                 THEN endpoint_previous END]
+                ELSE ARRAY[workspace_secret, CASE WHEN workspace_rotated_at > now() - make_interval(secs => grace)
+                                                  THEN workspace_previous END]
+           END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_lane_free(endpoint bigint, concurrency integer, max_per_second double precision)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'auto'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    leased bigint;
+    stored double precision;
+    elapsed double precision;
+BEGIN
+    SELECT coalesce(sum(l.leased), 0) INTO leased FROM endpoint_leases l
+     WHERE l.endpoint_id = endpoint AND l.until > now();
+    IF max_per_second IS NOT NULL THEN
+        SELECT r.tokens, extract(epoch FROM now() - r.refilled_at)::float8 INTO stored, elapsed
+          FROM endpoint_rate r WHERE r.endpoint_id = endpoint;
+    END IF;
+    RETURN dispatcher_room(concurrency, leased, max_per_second, stored, elapsed);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_unleased(locked_until timestamp with time zone)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT locked_until IS NULL OR locked_until <= now()
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_sampled_trace_id(traceparent text)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+AS $function$
+    SELECT CASE WHEN traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f][13579bdf]$'
+                THEN substr(traceparent, 4, 32) END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_send_event(p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamp with time zone, p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace double precision, p_trace_context jsonb DEFAULT NULL::jsonb)
+ RETURNS TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text, skipped text)
+ LANGUAGE plpgsql
+AS $function$
+#variable_conflict use_column
+DECLARE
+    outbox boolean;
+    numbered bigint;
+    targets jsonb;
+    written int := 0;
+    shadow boolean := false;
+    why text;
+    today date := dispatcher_today();
+    seen boolean;
+BEGIN
+    -- A scalar subquery for the one-row settings table: joined, its
+    -- unanalysed row estimate (~2000) pushed the cost past JIT's threshold.
+    SELECT webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
+                             (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
+      INTO outbox
+      FROM workspaces w
+      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+     WHERE w.id = p_workspace_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF outbox THEN
+        SELECT EXISTS (SELECT 1 FROM events ev
+                        WHERE ev.workspace_id = p_workspace_id AND ev.id = p_event_id
+                          AND ev.day IN (today - 1, DATE '2000-01-01'))
+          INTO seen;
+        IF seen THEN
+            RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+        numbered := nextval('event_sequence');
+        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context, day)
+        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
+                p_trace_context, today)
+        ON CONFLICT (workspace_id, id, day) DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+        -- The hot path: one INSERT ... SELECT, nothing returned but the count.
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, status, event_day)
+        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live',
+               CASE WHEN e.paused_at IS NULL THEN 'pending' ELSE 'held' END, today
+          FROM webhook_endpoints e
+         WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
+           AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
+        GET DIAGNOSTICS written = ROW_COUNT;
+        RETURN QUERY SELECT 'live'::text, numbered, written, NULL::jsonb, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+    -- Outbox off: whatever happens below, the caller gets its targets and POSTs.
+    IF current_setting('transaction_read_only') = 'on' THEN
+        why := 'read_only';
+    ELSE
+        numbered := nextval('event_sequence');
+        IF p_shadow_writes THEN
+            SELECT EXISTS (SELECT 1 FROM events ev
+                            WHERE ev.workspace_id = p_workspace_id AND ev.id = p_event_id
+                              AND ev.day IN (today - 1, DATE '2000-01-01'))
+              INTO seen;
+            IF NOT seen THEN
+                INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context, day)
+                VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
+                        p_trace_context, today)
+                ON CONFLICT (workspace_id, id, day) DO NOTHING;
+                shadow := FOUND;
+            END IF;
+            IF NOT shadow THEN
+                why := 'duplicate_id';
+            END IF;
+        END IF;
+    END IF;
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'id', e.id, 'url', e.url,
+               'secrets', dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
+                                                     w.secret, w.previous_secret, w.secret_rotated_at, p_grace))
+               ORDER BY e.id), '[]')
+      INTO targets
+      FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
+     WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
+       AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
+    IF shadow THEN
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, event_day)
+        SELECT p_workspace_id, (t ->> 'id')::bigint, p_event_id, p_payload_hash, 'shadow', today
+          FROM jsonb_array_elements(targets) AS t;
+        GET DIAGNOSTICS written = ROW_COUNT;
+    END IF;
+    -- jsonb's own text form, so the synchronous body is byte-identical to
+    -- what the dispatcher sends for the same event (it reads payload::text).
+    RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_today()
+ RETURNS date
+ LANGUAGE sql
+ STABLE PARALLEL SAFE
+AS $function$
+    SELECT (now() AT TIME ZONE 'UTC')::date
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_first_id(day date)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+    SELECT (day - DATE '2020-01-01')::bigint << 38
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_day_of_id(id bigint)
+ RETURNS date
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+    SELECT DATE '2020-01-01' + (id >> 38)::int
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_next_id(seq regclass)
+ RETURNS bigint
+ LANGUAGE sql
+AS $function$
+    SELECT dispatcher_first_id(dispatcher_today()) + (nextval(seq) & 274877906943)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_partition_name(parent text, day date)
+ RETURNS text
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+    SELECT parent || '_p' || to_char(day, 'YYYYMMDD')
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_ensure_partitions(days_ahead integer)
+ RETURNS SETOF text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    parent text;
+    day date;
+    name text;
+    options text;
+BEGIN
+    FOREACH parent IN ARRAY ARRAY['webhook_deliveries', 'webhook_delivery_attempts', 'events'] LOOP
+        -- HOT updates of the lease columns depend on the room fillfactor leaves (docs/claim.md).
+        options := CASE WHEN parent = 'webhook_deliveries' THEN ' WITH (fillfactor = 50)' ELSE '' END;
+        IF to_regclass(parent || '_default') IS NULL THEN
+            EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF %I DEFAULT%s',
+                           parent || '_default', parent, options);
+            RETURN NEXT parent || '_default';
+        END IF;
+        FOR day IN SELECT dispatcher_today() + n FROM generate_series(0, days_ahead) AS n LOOP
+            name := dispatcher_partition_name(parent, day);
+            CONTINUE WHEN to_regclass(name) IS NOT NULL;
+            IF parent = 'events' THEN
+                EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF events FOR VALUES FROM (%L) TO (%L)',
+                               name, to_char(day, 'YYYY-MM-DD'), to_char(day + 1, 'YYYY-MM-DD'));
+            ELSE
+                EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF %I FOR VALUES FROM (%s) TO (%s)%s',
+                               name, parent, dispatcher_first_id(day), dispatcher_first_id(day + 1), options);
+            END IF;
+            RETURN NEXT name;
+        END LOOP;
+    END LOOP;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_claim_window()
+ RETURNS TABLE(floor bigint, ceiling bigint)
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    part record;
+    pending boolean;
+    overflow regclass;
+    lowest bigint;
+BEGIN
+    floor := dispatcher_first_id(dispatcher_today());
+    ceiling := dispatcher_first_id(dispatcher_today() + 2);
+    FOR part IN
+        SELECT b.rel, b.lower
+          FROM (SELECT c.oid::regclass AS rel,
+                       CASE WHEN bound.lower = 'MINVALUE' THEN -9223372036854775808
+                            ELSE bound.lower::bigint END AS lower
+                  FROM pg_inherits i
+                  JOIN pg_class c ON c.oid = i.inhrelid
+                 CROSS JOIN LATERAL (
+                       SELECT substring(pg_get_expr(c.relpartbound, c.oid)
+                                        FROM 'FROM \(''?(MINVALUE|-?[0-9]+)''?\)') AS lower) bound
+                 WHERE i.inhparent = 'webhook_deliveries'::regclass AND bound.lower IS NOT NULL) b
+         WHERE b.lower < floor
+         ORDER BY b.lower
+    LOOP
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = %L)', part.rel, 'pending') INTO pending;
+        IF pending THEN
+            floor := part.lower;
+            EXIT;
+        END IF;
+    END LOOP;
+    SELECT p.partdefid::regclass INTO overflow
+      FROM pg_partitioned_table p WHERE p.partrelid = 'webhook_deliveries'::regclass AND p.partdefid <> 0;
+    IF overflow IS NOT NULL THEN
+        EXECUTE format('SELECT min(id) FROM %s WHERE status = %L', overflow, 'pending') INTO lowest;
+        floor := least(floor, lowest);
+    END IF;
+    RETURN NEXT;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_replay_candidates(ws text, since timestamp with time zone, until timestamp with time zone, types text[], endpoints bigint[], statuses text[], after_id bigint, max_id bigint)
+ RETURNS TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, created_at timestamp with time zone, payload_hash text, event_day date)
+ LANGUAGE sql
+ STABLE
+AS $function$
+    SELECT d.id, d.endpoint_id, d.event_id, ev.type, d.status, d.created_at, d.payload_hash, d.event_day
+      FROM webhook_deliveries d
+      JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id AND ev.day = d.event_day
+      JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
+     WHERE d.workspace_id = ws AND d.id > after_id AND d.id <= max_id
+       -- A row is written with or after its event: this bound lets the
+       -- created_at BRIN index skip older blocks.
+       AND d.created_at >= since
+       AND d.mode = 'live' AND d.status = ANY (statuses)
+       AND ev.created_at >= since AND (until IS NULL OR ev.created_at < until)
+       AND (cardinality(types) = 0 OR ev.type = ANY (types))
+       AND (cardinality(endpoints) = 0 OR d.endpoint_id = ANY (endpoints))
+       AND e.active AND e.purpose = 'customer'
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
+                        WHERE o.event_id = d.event_id AND o.workspace_id = d.workspace_id
+                          AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
+$function$;
 
 CREATE TABLE workspaces (
     id                 text NOT NULL,
@@ -50,60 +426,6 @@ CREATE TABLE webhook_endpoints (
     CONSTRAINT webhook_endpoints_pause_cause_check CHECK ((pause_cause = ANY (ARRAY['customer'::text, 'operator'::text, 'lifecycle'::text]))),
     CONSTRAINT webhook_endpoints_pause_check CHECK (((paused_at IS NULL) = (pause_cause IS NULL))),
     CONSTRAINT webhook_endpoints_workspace_id_fkey FOREIGN KEY (workspace_id) REFERENCES workspaces(id) ON DELETE CASCADE
-);
-
-CREATE TABLE events (
-    id            text NOT NULL,
-    workspace_id  text NOT NULL,
-    type          text NOT NULL,
-    sequence      bigint NOT NULL,
-    occurred_at   timestamp with time zone DEFAULT now() NOT NULL,
-    payload       jsonb NOT NULL,
-    created_at    timestamp with time zone DEFAULT now() NOT NULL,
-    trace_context jsonb,
-    CONSTRAINT events_pkey PRIMARY KEY (workspace_id, id),
-    CONSTRAINT events_workspace_id_sequence_key UNIQUE (workspace_id, sequence)
-);
-
-CREATE TABLE webhook_deliveries (
-    id               bigserial,
-    workspace_id     text NOT NULL,
-    endpoint_id      bigint NOT NULL,
-    event_id         text NOT NULL,
-    payload_hash     text NOT NULL,
-    attempt          integer DEFAULT 0 NOT NULL,
-    status           text DEFAULT 'pending'::text NOT NULL,
-    mode             text DEFAULT 'live'::text NOT NULL,
-    next_attempt_at  timestamp with time zone DEFAULT now() NOT NULL,
-    last_error       text,
-    last_status_code integer,
-    created_at       timestamp with time zone DEFAULT now() NOT NULL,
-    delivered_at     timestamp with time zone,
-    finished_at      timestamp with time zone,
-    replay_of        bigint,
-    locked_by        text,
-    locked_until     timestamp with time zone,
-    claim_token      bigint,
-    held_seconds     double precision DEFAULT 0 NOT NULL,
-    trace_context    jsonb,
-    CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
-    CONSTRAINT webhook_deliveries_mode_check CHECK ((mode = ANY (ARRAY['live'::text, 'shadow'::text])))
-) WITH (fillfactor=50);
-
-CREATE TABLE webhook_delivery_attempts (
-    id               bigserial,
-    delivery_id      bigint NOT NULL,
-    endpoint_id      bigint NOT NULL,
-    attempt          integer NOT NULL,
-    started_at       timestamp with time zone NOT NULL,
-    duration_ms      integer NOT NULL,
-    result           text NOT NULL,
-    status_code      integer,
-    error            text,
-    response_excerpt text,
-    claim_token      bigint,
-    trace_id         text,
-    CONSTRAINT webhook_delivery_attempts_pkey PRIMARY KEY (id)
 );
 
 CREATE TABLE endpoint_state (
@@ -317,33 +639,97 @@ CREATE TABLE fleet_stops (
     CONSTRAINT fleet_stops_pkey PRIMARY KEY (region)
 );
 
+CREATE TABLE partitioning (
+    table_name   text NOT NULL,
+    legacy_until timestamp with time zone,
+    CONSTRAINT partitioning_pkey PRIMARY KEY (table_name)
+);
+
+CREATE TABLE webhook_deliveries (
+    id               bigint DEFAULT dispatcher_next_id('webhook_deliveries_id_seq'::regclass) NOT NULL,
+    workspace_id     text NOT NULL,
+    endpoint_id      bigint NOT NULL,
+    event_id         text NOT NULL,
+    payload_hash     text NOT NULL,
+    attempt          integer DEFAULT 0 NOT NULL,
+    status           text DEFAULT 'pending'::text NOT NULL,
+    mode             text DEFAULT 'live'::text NOT NULL,
+    next_attempt_at  timestamp with time zone DEFAULT now() NOT NULL,
+    last_error       text,
+    last_status_code integer,
+    created_at       timestamp with time zone DEFAULT now() NOT NULL,
+    delivered_at     timestamp with time zone,
+    finished_at      timestamp with time zone,
+    replay_of        bigint,
+    locked_by        text,
+    locked_until     timestamp with time zone,
+    claim_token      bigint,
+    held_seconds     double precision DEFAULT 0 NOT NULL,
+    trace_context    jsonb,
+    event_day        date DEFAULT dispatcher_today() NOT NULL,
+    CONSTRAINT webhook_deliveries_pkey PRIMARY KEY (id),
+    CONSTRAINT webhook_deliveries_mode_check CHECK ((mode = ANY (ARRAY['live'::text, 'shadow'::text]))),
+    CONSTRAINT webhook_deliveries_shadow_status CHECK (((status <> ALL (ARRAY['delivered'::text, 'shadow'::text])) OR ((status = 'shadow'::text) = (mode = 'shadow'::text)))),
+    CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'held'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text])))
+) PARTITION BY RANGE (id);
+
+CREATE TABLE webhook_delivery_attempts (
+    id               bigint DEFAULT dispatcher_next_id('webhook_delivery_attempts_id_seq'::regclass) NOT NULL,
+    delivery_id      bigint NOT NULL,
+    endpoint_id      bigint NOT NULL,
+    attempt          integer NOT NULL,
+    started_at       timestamp with time zone NOT NULL,
+    duration_ms      integer NOT NULL,
+    result           text NOT NULL,
+    status_code      integer,
+    error            text,
+    response_excerpt text,
+    claim_token      bigint,
+    trace_id         text,
+    CONSTRAINT webhook_delivery_attempts_pkey PRIMARY KEY (id)
+) PARTITION BY RANGE (id);
+
+CREATE TABLE events (
+    id            text NOT NULL,
+    workspace_id  text NOT NULL,
+    type          text NOT NULL,
+    sequence      bigint NOT NULL,
+    occurred_at   timestamp with time zone DEFAULT now() NOT NULL,
+    payload       jsonb NOT NULL,
+    created_at    timestamp with time zone DEFAULT now() NOT NULL,
+    trace_context jsonb,
+    day           date DEFAULT dispatcher_today() NOT NULL,
+    CONSTRAINT events_pkey PRIMARY KEY (workspace_id, id, day),
+    CONSTRAINT events_workspace_id_sequence_day_key UNIQUE (workspace_id, sequence, day)
+) PARTITION BY RANGE (day);
+
+CREATE TABLE events_before PARTITION OF events
+    FOR VALUES FROM (MINVALUE) TO ('2000-01-02');
+
+CREATE TABLE webhook_deliveries_before PARTITION OF webhook_deliveries
+    FOR VALUES FROM (MINVALUE) TO ('274877906944') WITH (fillfactor=50);
+
+CREATE TABLE webhook_delivery_attempts_before PARTITION OF webhook_delivery_attempts
+    FOR VALUES FROM (MINVALUE) TO ('274877906944');
+
+CREATE TABLE webhook_deliveries_default PARTITION OF webhook_deliveries
+    DEFAULT WITH (fillfactor=50);
+
+CREATE TABLE webhook_delivery_attempts_default PARTITION OF webhook_delivery_attempts
+    DEFAULT;
+
+CREATE TABLE events_default PARTITION OF events
+    DEFAULT;
+
 ALTER TABLE workspaces ADD CONSTRAINT workspaces_secret_not_empty CHECK ((secret <> ''::text)) NOT VALID;
 
-ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_shadow_status CHECK (((status <> ALL (ARRAY['delivered'::text, 'shadow'::text])) OR ((status = 'shadow'::text) = (mode = 'shadow'::text)))) NOT VALID;
+ALTER SEQUENCE webhook_deliveries_id_seq OWNED BY webhook_deliveries.id;
 
-ALTER TABLE webhook_deliveries ADD CONSTRAINT webhook_deliveries_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'held'::text, 'delivered'::text, 'failed'::text, 'dead'::text, 'shadow'::text]))) NOT VALID;
+ALTER SEQUENCE webhook_delivery_attempts_id_seq OWNED BY webhook_delivery_attempts.id;
 
 CREATE INDEX webhook_endpoints_workspace ON public.webhook_endpoints USING btree (workspace_id) WHERE active;
 
-CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (endpoint_id, next_attempt_at) WHERE (status = 'pending'::text);
-
-CREATE INDEX webhook_deliveries_pending_age ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
-
-CREATE INDEX webhook_deliveries_event ON public.webhook_deliveries USING btree (event_id);
-
-CREATE INDEX webhook_deliveries_workspace ON public.webhook_deliveries USING btree (workspace_id, id);
-
-CREATE INDEX webhook_delivery_attempts_delivery ON public.webhook_delivery_attempts USING btree (delivery_id, attempt);
-
 CREATE INDEX api_replay_ledger_workspace ON public.api_replay_ledger USING btree (workspace_id, at);
-
-CREATE INDEX webhook_deliveries_endpoint ON public.webhook_deliveries USING btree (endpoint_id, id);
-
-CREATE INDEX webhook_deliveries_endpoint_failed ON public.webhook_deliveries USING btree (endpoint_id, created_at) WHERE (status = ANY (ARRAY['dead'::text, 'failed'::text]));
-
-CREATE INDEX webhook_deliveries_created_brin ON public.webhook_deliveries USING brin (created_at);
-
-CREATE INDEX webhook_delivery_attempts_started_brin ON public.webhook_delivery_attempts USING brin (started_at);
 
 CREATE INDEX api_replay_ledger_at ON public.api_replay_ledger USING btree (at);
 
@@ -352,8 +738,6 @@ CREATE INDEX api_tokens_workspace ON public.api_tokens USING btree (workspace_id
 CREATE INDEX api_audit_workspace ON public.api_audit USING btree (workspace_id, id);
 
 CREATE INDEX api_audit_endpoint ON public.api_audit USING btree (endpoint_id, id) WHERE (endpoint_id IS NOT NULL);
-
-CREATE INDEX webhook_delivery_attempts_endpoint ON public.webhook_delivery_attempts USING btree (endpoint_id, started_at);
 
 CREATE UNIQUE INDEX webhook_endpoints_operational ON public.webhook_endpoints USING btree (workspace_id) WHERE (purpose = 'operational'::text);
 
@@ -373,251 +757,32 @@ CREATE INDEX breaker_notices_sent ON public.breaker_notices USING btree (lower(r
 
 CREATE INDEX webhook_endpoints_paused ON public.webhook_endpoints USING btree (id) WHERE (paused_at IS NOT NULL);
 
-CREATE INDEX webhook_deliveries_held ON public.webhook_deliveries USING btree (endpoint_id, created_at) WHERE (status = 'held'::text);
-
 CREATE INDEX endpoint_lifecycle_running ON public.endpoint_lifecycle USING btree (endpoint_id) WHERE (ended_at IS NULL);
 
 CREATE INDEX replay_jobs_running ON public.replay_jobs USING btree (id) WHERE (state = 'running'::text);
 
-CREATE OR REPLACE FUNCTION public.webhook_endpoints_limit()
- RETURNS trigger
- LANGUAGE plpgsql
-AS $function$
-DECLARE
-    owned int;
-BEGIN
-    IF NEW.purpose = 'operational' THEN
-        RETURN NEW;
-    END IF;
-    IF TG_OP = 'INSERT' OR NEW.workspace_id IS DISTINCT FROM OLD.workspace_id THEN
-        PERFORM 1 FROM workspaces WHERE id = NEW.workspace_id FOR UPDATE;
-        SELECT count(*) INTO owned FROM webhook_endpoints
-         WHERE workspace_id = NEW.workspace_id AND purpose = 'customer' AND id <> NEW.id;
-        IF owned >= 100 THEN
-            RAISE EXCEPTION 'workspace % already has 100 endpoints, active or not', NEW.workspace_id
-                USING ERRCODE = 'check_violation';
-        END IF;
-    END IF;
-    IF NOT NEW.active THEN
-        RETURN NEW;
-    END IF;
-    PERFORM 1 FROM workspaces WHERE id = NEW.workspace_id FOR UPDATE;
-    SELECT count(*) INTO owned FROM webhook_endpoints
-     WHERE workspace_id = NEW.workspace_id AND active AND purpose = 'customer' AND id <> NEW.id;
-    IF owned >= 10 THEN
-        RAISE EXCEPTION 'workspace % already has 10 active endpoints', NEW.workspace_id
-            USING ERRCODE = 'check_violation';
-    END IF;
-    RETURN NEW;
-END;
-$function$;
+CREATE INDEX webhook_deliveries_due ON public.webhook_deliveries USING btree (endpoint_id, next_attempt_at) WHERE (status = 'pending'::text);
 
-CREATE OR REPLACE FUNCTION public.rollout_bucket(workspace_id text)
- RETURNS integer
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE STRICT
-RETURN ((((('x'::text || substr(md5(workspace_id), 1, 8)))::bit(32))::bigint % (100)::bigint))::integer;
+CREATE INDEX webhook_deliveries_pending_age ON public.webhook_deliveries USING btree (next_attempt_at) WHERE (status = 'pending'::text);
 
-CREATE OR REPLACE FUNCTION public.webhook_outbox_on(flag jsonb, listed text, percent integer, bucket integer)
- RETURNS boolean
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN (flag = 'true'::jsonb) THEN true WHEN (flag = 'false'::jsonb) THEN false WHEN (listed = 'exclude'::text) THEN false WHEN (listed = 'include'::text) THEN true ELSE (bucket < COALESCE(percent, 0)) END;
+CREATE INDEX webhook_deliveries_event ON public.webhook_deliveries USING btree (event_id);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_bucket_level(max_per_second double precision, stored double precision, elapsed double precision)
- RETURNS double precision
- LANGUAGE sql
- IMMUTABLE
-AS $function$
-    SELECT CASE WHEN max_per_second IS NULL THEN NULL
-                WHEN stored IS NULL THEN greatest(1.0, max_per_second)
-                ELSE least(greatest(1.0, max_per_second), stored + max_per_second * greatest(elapsed, 0.0)) END
-$function$;
+CREATE INDEX webhook_deliveries_workspace ON public.webhook_deliveries USING btree (workspace_id, id);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_room(concurrency integer, in_flight bigint, max_per_second double precision, stored double precision, elapsed double precision)
- RETURNS integer
- LANGUAGE sql
- IMMUTABLE
-AS $function$
-    SELECT CASE WHEN max_per_second IS NULL THEN greatest(0, concurrency - in_flight)
-                ELSE greatest(0, least(concurrency - in_flight,
-                                       floor(dispatcher_bucket_level(max_per_second, stored, elapsed))))
-           END::int
-$function$;
+CREATE INDEX webhook_deliveries_endpoint ON public.webhook_deliveries USING btree (endpoint_id, id);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_bucket_after(max_per_second double precision, stored double precision, elapsed double precision, taken bigint)
- RETURNS double precision
- LANGUAGE sql
- IMMUTABLE
-AS $function$
-    -- greatest() skips NULLs: no rate must stay NULL, not become 0.
-    SELECT CASE WHEN max_per_second IS NOT NULL
-                THEN greatest(0.0, dispatcher_bucket_level(max_per_second, stored, elapsed) - taken) END
-$function$;
+CREATE INDEX webhook_deliveries_endpoint_failed ON public.webhook_deliveries USING btree (endpoint_id, created_at) WHERE (status = ANY (ARRAY['dead'::text, 'failed'::text]));
 
-CREATE OR REPLACE FUNCTION public.dispatcher_lane_room(endpoint bigint, concurrency integer, max_per_second double precision)
- RETURNS integer
- LANGUAGE sql
- IMMUTABLE
-AS $function$
-    SELECT 0
-$function$;
+CREATE INDEX webhook_deliveries_created_brin ON public.webhook_deliveries USING brin (created_at);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_signing_secrets(endpoint_secret text, endpoint_previous text, endpoint_rotated_at timestamp with time zone, workspace_secret text, workspace_previous text, workspace_rotated_at timestamp with time zone, grace double precision)
- RETURNS text[]
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT CASE WHEN endpoint_secret IS NOT NULL
-                THEN ARRAY[endpoint_secret, CASE WHEN endpoint_rotated_at > now() - make_interval(secs => grace)
-                                                 THEN endpoint_previous END]
-                ELSE ARRAY[workspace_secret, CASE WHEN workspace_rotated_at > now() - make_interval(secs => grace)
-                                                  THEN workspace_previous END]
-           END
-$function$;
+CREATE INDEX webhook_deliveries_held ON public.webhook_deliveries USING btree (endpoint_id, created_at) WHERE (status = 'held'::text);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_lane_free(endpoint bigint, concurrency integer, max_per_second double precision)
- RETURNS integer
- LANGUAGE plpgsql
- SET plan_cache_mode TO 'auto'
- SET enable_seqscan TO 'off'
-AS $function$
-DECLARE
-    leased bigint;
-    stored double precision;
-    elapsed double precision;
-BEGIN
-    SELECT coalesce(sum(l.leased), 0) INTO leased FROM endpoint_leases l
-     WHERE l.endpoint_id = endpoint AND l.until > now();
-    IF max_per_second IS NOT NULL THEN
-        SELECT r.tokens, extract(epoch FROM now() - r.refilled_at)::float8 INTO stored, elapsed
-          FROM endpoint_rate r WHERE r.endpoint_id = endpoint;
-    END IF;
-    RETURN dispatcher_room(concurrency, leased, max_per_second, stored, elapsed);
-END
-$function$;
+CREATE INDEX webhook_deliveries_event_day_brin ON public.webhook_deliveries USING brin (event_day);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_unleased(locked_until timestamp with time zone)
- RETURNS boolean
- LANGUAGE sql
- STABLE PARALLEL SAFE
-AS $function$
-    SELECT locked_until IS NULL OR locked_until <= now()
-$function$;
+CREATE INDEX webhook_delivery_attempts_delivery ON public.webhook_delivery_attempts USING btree (delivery_id, attempt);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_replay_candidates(ws text, since timestamp with time zone, until timestamp with time zone, types text[], endpoints bigint[], statuses text[], after_id bigint, max_id bigint)
- RETURNS TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, created_at timestamp with time zone, payload_hash text)
- LANGUAGE sql
- STABLE
-AS $function$
-    SELECT d.id, d.endpoint_id, d.event_id, ev.type, d.status, d.created_at, d.payload_hash
-      FROM webhook_deliveries d
-      JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
-      JOIN webhook_endpoints e ON e.id = d.endpoint_id AND e.workspace_id = d.workspace_id
-     WHERE d.workspace_id = ws AND d.id > after_id AND d.id <= max_id
-       -- A row is written with or after its event: this bound lets the
-       -- created_at BRIN index skip older blocks.
-       AND d.created_at >= since
-       AND d.mode = 'live' AND d.status = ANY (statuses)
-       AND ev.created_at >= since AND (until IS NULL OR ev.created_at < until)
-       AND (cardinality(types) = 0 OR ev.type = ANY (types))
-       AND (cardinality(endpoints) = 0 OR d.endpoint_id = ANY (endpoints))
-       AND e.active AND e.purpose = 'customer'
-       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
-                        WHERE o.event_id = d.event_id AND o.workspace_id = d.workspace_id
-                          AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
-$function$;
+CREATE INDEX webhook_delivery_attempts_started_brin ON public.webhook_delivery_attempts USING brin (started_at);
 
-CREATE OR REPLACE FUNCTION public.dispatcher_sampled_trace_id(traceparent text)
- RETURNS text
- LANGUAGE sql
- IMMUTABLE PARALLEL SAFE
-AS $function$
-    SELECT CASE WHEN traceparent ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f][13579bdf]$'
-                THEN substr(traceparent, 4, 32) END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.dispatcher_send_event(p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamp with time zone, p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace double precision, p_trace_context jsonb DEFAULT NULL::jsonb)
- RETURNS TABLE(mode text, sequence bigint, deliveries integer, legacy_targets jsonb, legacy_payload text, skipped text)
- LANGUAGE plpgsql
-AS $function$
-#variable_conflict use_column
-DECLARE
-    outbox boolean;
-    numbered bigint;
-    targets jsonb;
-    written int := 0;
-    shadow boolean := false;
-    why text;
-BEGIN
-    -- A scalar subquery for the one-row settings table: joined, its
-    -- unanalysed row estimate (~2000) pushed the cost past JIT's threshold.
-    SELECT webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
-                             (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
-      INTO outbox
-      FROM workspaces w
-      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
-     WHERE w.id = p_workspace_id;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    IF outbox THEN
-        numbered := nextval('event_sequence');
-        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context)
-        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
-                p_trace_context)
-        ON CONFLICT (workspace_id, id) DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text, NULL::text;
-            RETURN;
-        END IF;
-        -- The hot path: one INSERT ... SELECT, nothing returned but the count.
-        -- A paused endpoint's row is written held (0020); this body supersedes 0020's.
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, status)
-        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live',
-               CASE WHEN e.paused_at IS NULL THEN 'pending' ELSE 'held' END
-          FROM webhook_endpoints e
-         WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
-           AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
-        GET DIAGNOSTICS written = ROW_COUNT;
-        RETURN QUERY SELECT 'live'::text, numbered, written, NULL::jsonb, NULL::text, NULL::text;
-        RETURN;
-    END IF;
-    -- Outbox off: whatever happens below, the caller gets its targets and POSTs.
-    IF current_setting('transaction_read_only') = 'on' THEN
-        why := 'read_only';
-    ELSE
-        numbered := nextval('event_sequence');
-        IF p_shadow_writes THEN
-            INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context)
-            VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
-                    p_trace_context)
-            ON CONFLICT (workspace_id, id) DO NOTHING;
-            shadow := FOUND;
-            IF NOT shadow THEN
-                why := 'duplicate_id';
-            END IF;
-        END IF;
-    END IF;
-    SELECT coalesce(jsonb_agg(jsonb_build_object(
-               'id', e.id, 'url', e.url,
-               'secrets', dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
-                                                     w.secret, w.previous_secret, w.secret_rotated_at, p_grace))
-               ORDER BY e.id), '[]')
-      INTO targets
-      FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
-     WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
-       AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
-    IF shadow THEN
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
-        SELECT p_workspace_id, (t ->> 'id')::bigint, p_event_id, p_payload_hash, 'shadow'
-          FROM jsonb_array_elements(targets) AS t;
-        GET DIAGNOSTICS written = ROW_COUNT;
-    END IF;
-    -- jsonb's own text form, so the synchronous body is byte-identical to
-    -- what the dispatcher sends for the same event (it reads payload::text).
-    RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
-END;
-$function$;
+CREATE INDEX webhook_delivery_attempts_endpoint ON public.webhook_delivery_attempts USING btree (endpoint_id, started_at);
 
 CREATE TRIGGER webhook_endpoints_limit BEFORE INSERT OR UPDATE OF active, workspace_id ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION webhook_endpoints_limit();

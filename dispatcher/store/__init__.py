@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from dispatcher.signing import check_strength
 from dispatcher.store.audit import Audit
 from dispatcher.store.audit import audit as record_audit
 from dispatcher.store.errors import (
+    LOCK_NOT_AVAILABLE,
     Conflict,
     DatabaseUnavailable,
     LimitReached,
@@ -53,11 +55,30 @@ __all__ = [
 ]
 
 
+# A migration file holding this line runs outside a transaction, each statement
+# on its own (CREATE INDEX CONCURRENTLY refuses a transaction block); its
+# statements end with ";" at the end of a line and hold no function bodies.
+OUTSIDE_A_TRANSACTION = "-- migrate: each statement on its own"
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def outside_a_transaction(self) -> bool:
+        return OUTSIDE_A_TRANSACTION in self.sql.splitlines()
+
+    def statements(self) -> list[str]:
+        """The file's statements, one by one, comments left out."""
+        found = []
+        for chunk in re.split(r";[ \t]*$", self.sql, flags=re.MULTILINE):
+            code = "\n".join(line for line in chunk.splitlines() if not line.lstrip().startswith("--")).strip()
+            if code:
+                found.append(code)
+        return found
 
 
 def migrations() -> list[Migration]:
@@ -137,25 +158,81 @@ def ping(conn: Connection) -> None:
         run_query(conn, "api_ping")
 
 
-def migrate(conn: Connection) -> list[int]:
+MIGRATE_LOCK_POLL = 0.2  # seconds between a waiting migrator's tries for the lock
+
+
+def migrate(conn: Connection, sleep: Callable[[float], None] = time.sleep) -> list[int]:
     """Apply every migration not applied yet; returns the versions applied now.
 
-    Safe to run concurrently: a transaction-scoped advisory lock serialises
-    migrators, and each re-reads what is applied once it holds the lock.
+    Each migration commits on its own (with its row in schema_migrations), so a
+    long run can be stopped and resumed, and one that fails leaves the earlier
+    ones applied.  Safe to run concurrently: migrators take turns by a
+    session-level advisory lock, and each reads what is applied once it holds
+    it.  A waiting migrator polls for the lock rather than queueing on it: a
+    queued one holds a snapshot, which a CREATE INDEX CONCURRENTLY of the
+    migrator holding the lock would wait for -- a deadlock.
     """
     applied_now: list[int] = []
-    with transaction(conn):
-        run_query(conn, "migrate_lock")
-        run_query(conn, "migrations_table")
-        done = {row[0] for row in run_query(conn, "applied_migrations")}
+    _take_migrate_lock(conn, sleep)
+    try:
+        with transaction(conn):
+            run_query(conn, "migrations_table")
+            done = {row[0] for row in run_query(conn, "applied_migrations")}
         for migration in migrations():
-            if migration.version in done:
-                continue
+            if migration.version not in done:
+                _apply(conn, migration)
+                applied_now.append(migration.version)
+    finally:
+        _release_migrate_lock(conn)
+    return applied_now
+
+
+def _take_migrate_lock(conn: Connection, sleep: Callable[[float], None]) -> None:
+    while True:
+        with transaction(conn):
+            if run_query(conn, "migrate_try_lock")[0][0]:
+                return
+        sleep(MIGRATE_LOCK_POLL)
+
+
+def _release_migrate_lock(conn: Connection) -> None:
+    """Give the lock back; a connection that broke meanwhile took it with it."""
+    if conn.closed:
+        return
+    try:
+        with translated():
+            conn.rollback()
+        with transaction(conn):
+            run_query(conn, "migrate_unlock")
+    except StoreError:
+        pass
+
+
+def _apply(conn: Connection, migration: Migration) -> None:
+    """One migration and its schema_migrations row: in one transaction, or (a file marked
+    OUTSIDE_A_TRANSACTION) statement by statement, recorded once all of them ran."""
+    try:
+        if migration.outside_a_transaction:
+            conn.autocommit = True
+            try:
+                with translated(), conn.cursor() as cur:
+                    for statement in migration.statements():
+                        cur.execute(statement)
+            finally:
+                conn.autocommit = False
+            with transaction(conn):
+                run_query(conn, "record_migration", {"version": migration.version, "name": migration.name})
+            return
+        with transaction(conn):
             with conn.cursor() as cur:
                 cur.execute(migration.sql)
             run_query(conn, "record_migration", {"version": migration.version, "name": migration.name})
-            applied_now.append(migration.version)
-    return applied_now
+    except QueryRejected as exc:
+        if exc.pgcode == LOCK_NOT_AVAILABLE:
+            raise QueryRejected(f"migration {migration.version:04d}_{migration.name} gave up waiting for its "
+                                "locks (lock_timeout: a long transaction holds the table); nothing of it was "
+                                "applied: run `dispatcher migrate` again", exc.pgcode, exc.detail) from None
+        raise
 
 
 def pending_migrations(conn: Connection) -> list[int]:

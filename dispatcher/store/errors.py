@@ -78,6 +78,10 @@ def translate(exc: psycopg2.Error) -> StoreError:
     """
     if isinstance(exc, psycopg2.errors.QueryCanceled):
         return QueryTimeout("the database query took too long")
+    if isinstance(exc, psycopg2.errors.LockNotAvailable):
+        # lock_timeout (or NOWAIT) gave up on a lock: the statement is refused, the connection is fine.
+        return QueryRejected(f"database refused the statement ({exc.pgcode}): {_first_line(exc)}", exc.pgcode,
+                             getattr(getattr(exc, "diag", None), "message_primary", None))
     if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | psycopg2.InternalError):
         return DatabaseUnavailable(f"database connection lost: {_first_line(exc)}")
     if isinstance(exc, psycopg2.errors.UndefinedTable):
@@ -85,6 +89,9 @@ def translate(exc: psycopg2.Error) -> StoreError:
     primary = getattr(getattr(exc, "diag", None), "message_primary", None)
     return QueryRejected(f"database refused the statement ({exc.pgcode or type(exc).__name__}): {_first_line(exc)}",
                          exc.pgcode, primary)
+
+
+LOCK_NOT_AVAILABLE = psycopg2.errorcodes.LOCK_NOT_AVAILABLE  # 55P03: lock_timeout passed
 
 
 def is_check_violation(exc: QueryRejected) -> bool:

@@ -27,6 +27,8 @@ from tests.conftest import TestDatabase as Database
 
 TIMESTAMPTZ = "timestamp with time zone"
 SERIAL = object()  # marker: the default is a nextval() of the column's own sequence
+DAY_ID = object()  # marker: the default is today's next id from the column's own sequence (0027)
+TODAY = "dispatcher_today()"  # 0027: the UTC day, by the database clock
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,12 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "payload": required("jsonb"),
         # 0022: the producer's W3C trace context
         "trace_context": optional("jsonb"),
+        # 0025/0027: the day it was written, its partition's key
+        "day": required("date", TODAY),
     },
     "webhook_deliveries": {
-        "id": required("bigint", SERIAL),
+        # 0027: an id encodes its day (partitioned by id)
+        "id": required("bigint", DAY_ID),
         "workspace_id": required("text"),
         "endpoint_id": required("bigint"),
         "event_id": required("text"),
@@ -100,9 +105,11 @@ CONTRACT: dict[str, dict[str, Column]] = {
         "mode": required("text", "'live'::text"),
         # 0022: the delivery's own trace (and a replay's original)
         "trace_context": optional("jsonb"),
+        # 0025/0027: its event's day (the events partition it is in)
+        "event_day": required("date", TODAY),
     },
     "webhook_delivery_attempts": {
-        "id": required("bigint", SERIAL),
+        "id": required("bigint", DAY_ID),
         "delivery_id": required("bigint"),
         "endpoint_id": required("bigint"),
         "attempt": required("integer"),
@@ -162,7 +169,9 @@ CONTRACT: dict[str, dict[str, Column]] = {
 PRIMARY_KEYS = {
     "workspaces": ("id",),
     "webhook_endpoints": ("id",),
-    "events": ("workspace_id", "id"),  # 0009: event ids are unique per workspace
+    # 0009: event ids are unique per workspace; 0027: and day, the partition key (the producer also
+    # looks into yesterday's partition: docs/producer.md, "Deduplication")
+    "events": ("workspace_id", "id", "day"),
     "webhook_deliveries": ("id",),
     "webhook_delivery_attempts": ("id",),
     "endpoint_state": ("endpoint_id",),
@@ -179,8 +188,8 @@ PRIMARY_KEYS = {
 INDEXES = {
     # The RFC's due-row index.
     ("webhook_deliveries", ("next_attempt_at",), "(status = 'pending'::text)", False),
-    # Sequences are never duplicated within a workspace.
-    ("events", ("workspace_id", "sequence"), None, True),
+    # Sequences are never duplicated within a workspace (and day, the partition key: 0027).
+    ("events", ("workspace_id", "sequence", "day"), None, True),
     # 0007: the region-wide replay budget reads the last hour of the ledger.
     ("api_replay_ledger", ("at",), None, False),
     # 0013: the region-wide lane ledger, read by (endpoint, claim).
@@ -236,7 +245,16 @@ FUNCTIONS = {
     # 0021: what a bulk replay re-queues (STABLE, inlined into the count, the sample and each batch).
     "dispatcher_replay_candidates(text,timestamp with time zone,timestamp with time zone,text[],bigint[],text[],"
     "bigint,bigint)": ("TABLE(id bigint, endpoint_id bigint, event_id text, event_type text, status text, "
-                       "created_at timestamp with time zone, payload_hash text)", "s"),
+                       "created_at timestamp with time zone, payload_hash text, event_day date)", "s"),
+    # 0025: ids that encode their day (dispatcher/rules/partitions.py holds the twins).
+    "dispatcher_today()": ("date", "s"),
+    "dispatcher_first_id(date)": ("bigint", "i"),
+    "dispatcher_day_of_id(bigint)": ("date", "i"),
+    "dispatcher_next_id(regclass)": ("bigint", "v"),
+    "dispatcher_partition_name(text,date)": ("text", "i"),
+    # 0027: the upkeep's partitions ahead and the claim's window of ids.
+    "dispatcher_ensure_partitions(integer)": ("SETOF text", "v"),
+    "dispatcher_claim_window()": ("TABLE(floor bigint, ceiling bigint)", "s"),
 }
 
 
@@ -252,13 +270,15 @@ def catalog_columns(db: Database) -> dict[str, dict[str, Column]]:
           JOIN pg_class c ON c.oid = a.attrelid
           JOIN pg_namespace n ON n.oid = c.relnamespace
           LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-         WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped
         """
     )
     tables: dict[str, dict[str, Column]] = {}
     for table, column, type_, nullable, default in rows:
         if default is not None and re.fullmatch(rf"nextval\('{table}_{column}_seq'::regclass\)", default):
             default = SERIAL
+        elif default is not None and re.fullmatch(rf"dispatcher_next_id\('{table}_{column}_seq'::regclass\)", default):
+            default = DAY_ID
         tables.setdefault(table, {})[column] = Column(type_, nullable, default)
     return tables
 
@@ -408,20 +428,73 @@ class TestMigrate:
         assert applied(empty_db) == shipped()
         assert pending(empty_db) == []
 
-    def test_a_failing_migration_leaves_nothing_behind(
+    def test_a_failing_migration_leaves_the_earlier_ones_applied_and_itself_out(
         self, empty_db: Database, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         real = store.migrations()
         broken = store.Migration(real[-1].version + 1, "broken", "CREATE TABLE half_done (x int); SELECT 1/0;")
-        monkeypatch.setattr(store, "migrations", lambda: [*real, broken])
-        # The store's one error translator names the refused statement's SQLSTATE (22012: division_by_zero).
+        after = store.Migration(real[-1].version + 2, "after", "CREATE TABLE after_broken (x int);")
+        monkeypatch.setattr(store, "migrations", lambda: [*real, broken, after])
+        conn = empty_db.connect()
+        try:
+            # The store's one error translator names the refused statement's SQLSTATE (22012: division_by_zero).
+            with pytest.raises(store.QueryRejected, match="22012"):
+                store.migrate(conn)
+            # Each migration commits on its own: the earlier ones stay applied and recorded, the
+            # broken one left nothing, and none after it ran.
+            assert empty_db.query("SELECT to_regclass('half_done'), to_regclass('after_broken'), "
+                                  "to_regclass('workspaces') IS NOT NULL") == [(None, None, True)]
+            assert applied(empty_db) == [(m.version, m.name) for m in real]
+            # The failed run gave the migrators' lock back: another one, on another connection, goes on.
+            fixed = store.Migration(broken.version, "broken", "CREATE TABLE half_done (x int);")
+            monkeypatch.setattr(store, "migrations", lambda: [*real, fixed, after])
+            assert migrate(empty_db) == [broken.version, after.version]
+        finally:
+            conn.close()
+        monkeypatch.undo()
+        assert pending(empty_db) == []
+
+    def test_a_migration_outside_a_transaction_runs_statement_by_statement(
+        self, empty_db: Database, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        real = store.migrations()
+        marker = store.OUTSIDE_A_TRANSACTION
+        concurrent = store.Migration(real[-1].version + 1, "concurrently", f"""-- an index built concurrently
+{marker}
+CREATE INDEX CONCURRENTLY workspaces_flags ON workspaces USING gin (flags);
+SELECT 1/0;
+""")
+        monkeypatch.setattr(store, "migrations", lambda: [*real, concurrent])
         with pytest.raises(store.QueryRejected, match="22012"):
             migrate(empty_db)
-        # One transaction: not even the earlier migrations were kept.
-        assert empty_db.query("SELECT to_regclass('half_done'), to_regclass('workspaces')") == [(None, None)]
-        monkeypatch.undo()
-        assert pending(empty_db) == [v for v, _ in shipped()]
-        assert migrate(empty_db) == [v for v, _ in shipped()]
+        # The statements before the failure are committed, the migration is not recorded: run again, it
+        # runs every statement again (so each must be one that can: IF NOT EXISTS, or a DROP first).
+        assert empty_db.query("SELECT to_regclass('workspaces_flags') IS NOT NULL") == [(True,)]
+        assert applied(empty_db) == [(m.version, m.name) for m in real]
+        fixed = store.Migration(concurrent.version, "concurrently", f"""{marker}
+CREATE INDEX CONCURRENTLY IF NOT EXISTS workspaces_flags ON workspaces USING gin (flags);
+""")
+        monkeypatch.setattr(store, "migrations", lambda: [*real, fixed])
+        assert migrate(empty_db) == [fixed.version]
+
+    def test_a_migration_that_cannot_take_its_lock_in_time_says_run_it_again(
+        self, empty_db: Database, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        migrate(empty_db)
+        real = store.migrations()
+        locking = store.Migration(real[-1].version + 1, "locking",
+                                  "SET LOCAL lock_timeout = '50ms'; LOCK TABLE workspaces IN ACCESS EXCLUSIVE MODE;")
+        monkeypatch.setattr(store, "migrations", lambda: [*real, locking])
+        holder = empty_db.connect()
+        try:
+            with holder.cursor() as cur:
+                cur.execute("LOCK TABLE workspaces IN ACCESS SHARE MODE")  # a long transaction's lock
+            with pytest.raises(store.QueryRejected, match=r"run `dispatcher migrate` again") as refused:
+                migrate(empty_db)
+            assert refused.value.pgcode == "55P03"
+        finally:
+            holder.close()
+        assert migrate(empty_db) == [locking.version]
 
 
 # ---------------------------------------------------------------- the declared schema

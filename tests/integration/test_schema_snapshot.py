@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import os
 import pprint
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,10 @@ SECTIONS: dict[str, str] = {
 
 # The migrator's own bookkeeping: created by store.migrate, not by a migration.
 LEFT_OUT = ("schema_migrations", "schema_migrations_pkey", "schema_migrations.")
+# Partitions for one day (webhook_deliveries_p20260131, its indexes and
+# constraints): named by the day the database was migrated, so left out of
+# schema.sql (dispatcher_devtools.schema.DATED_PARTITION).
+DATED = re.compile(r"_p[0-9]{8}(?![0-9])")
 
 
 def catalog(db: Database) -> dict[str, dict[str, tuple[Any, ...]]]:
@@ -120,7 +125,7 @@ def catalog(db: Database) -> dict[str, dict[str, tuple[Any, ...]]]:
             for section, sql in SECTIONS.items():
                 cur.execute(sql)
                 found[section] = {row[0]: tuple(row[1:]) for row in cur.fetchall()
-                                  if not str(row[0]).startswith(LEFT_OUT)}
+                                  if not str(row[0]).startswith(LEFT_OUT) and not DATED.search(str(row[0]))}
             return found
     finally:
         conn.close()
