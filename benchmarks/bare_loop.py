@@ -41,7 +41,8 @@ UPDATE webhook_deliveries d
   FROM c
  WHERE d.id = c.id
 RETURNING d.id, d.event_id, (SELECT url FROM webhook_endpoints e WHERE e.id = d.endpoint_id),
-          (SELECT payload::text FROM events ev WHERE ev.workspace_id = d.workspace_id AND ev.id = d.event_id)
+          (SELECT payload::text FROM events ev
+            WHERE ev.workspace_id = d.workspace_id AND ev.id = d.event_id AND ev.day = d.event_day)
 """
 
 DONE = """

@@ -40,8 +40,9 @@ def _neighbour(db: Any) -> int:
                             " 'https://hooks.example.test/n') RETURNING id")
     db.query("INSERT INTO events (id, workspace_id, type, sequence, payload)"
              " VALUES ('evt_n', 'neighbour', 'job.created', 1, '{}')")
-    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status)"
-             " VALUES ('neighbour', %s, 'evt_n', 'h', 'delivered')", (endpoint,))
+    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, event_day)"
+             " SELECT 'neighbour', %s, 'evt_n', 'h', 'delivered', day FROM events"
+             " WHERE workspace_id = 'neighbour' AND id = 'evt_n'", (endpoint,))
     return int(endpoint)
 
 

@@ -119,8 +119,9 @@ def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, f
          "last": first_event + events - 1, "offset": workspace_offset, "traced": traced})
     cur.execute(
         """
-        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, next_attempt_at)
-        SELECT e.workspace_id, ep.id, e.id, md5(e.id), now() + make_interval(secs => %(due_in)s)
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, next_attempt_at,
+                                        event_day)
+        SELECT e.workspace_id, ep.id, e.id, md5(e.id), now() + make_interval(secs => %(due_in)s), e.day
           FROM events e JOIN webhook_endpoints ep ON ep.workspace_id = e.workspace_id AND ep.active
          WHERE e.sequence BETWEEN %(first)s AND %(last)s
          ORDER BY e.sequence, ep.id

@@ -33,6 +33,7 @@ import random
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,7 @@ from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.lane import FIRST_GUESS, LanePolicy, running_mean
 from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
-from dispatcher.store.engine import ClaimedRow, EngineStore, ManagedConnection, SlotEntry
+from dispatcher.store.engine import EVERY_ID, ClaimedRow, ClaimWindow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher.store.notices import NoticeStore
 from dispatcher.store.operations import Presence
 from dispatcher.store.replays import ReplayJobStore
@@ -74,6 +75,35 @@ BUSY_POLL = 0.05
 # each wait is its nominal value shortened by a random draw of up to half.
 CLAIM_BACKOFF = Backoff(base=0.1, jitter=0.5)
 WRITE_BACKOFF = Backoff(base=0.05, jitter=0.5)
+
+# How often the claimer reads the claim's window of ids again (docs/claim.md, "The claim's
+# window"): a pending row outside the window it holds -- committed after midnight with
+# yesterday's id, or a held row resumed in an old partition -- is claimed at most this much later.
+CLAIM_WINDOW_REFRESH = 5.0
+
+
+class WindowCache:
+    """The claim's window of ids, read again once it is ``refresh`` seconds old by ``clock``.
+
+    A read that fails leaves the claim unbounded (``EVERY_ID``: every partition is read,
+    none is missed) until the next read."""
+
+    def __init__(self, read: Callable[[], ClaimWindow], refresh: float = CLAIM_WINDOW_REFRESH,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read, self._refresh, self._clock = read, refresh, clock
+        self._window = EVERY_ID
+        self._read_at: float | None = None
+
+    def current(self) -> ClaimWindow:
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= self._refresh:
+            self._read_at = now
+            try:
+                self._window = self._read()
+            except StoreError as exc:
+                log.warning("claim window not read, claiming from every partition until the next read: %s", exc)
+                self._window = EVERY_ID
+        return self._window
 
 
 @dataclass
@@ -145,6 +175,7 @@ class Worker:
         # the flusher and shutdown hand rows back on it (psycopg2 refuses a second query while
         # one is under way, and the rows would then wait for their lease to lapse).
         self._claims_lock = gevent.lock.Semaphore()
+        self._window = WindowCache(self._claims.claim_window)
         self._results = EngineStore(connection("record"))
         upkeep = connection("upkeep")
         self._upkeep = EngineStore(upkeep)
@@ -228,7 +259,8 @@ class Worker:
                     share = self._walk_share()
                     rows = self._claims.claim(self.owner, max(want, 0), workers.per_endpoint_concurrency,
                                               self._busy_endpoints(share), self._cursor, workers.lease,
-                                              self.config.secrets.rotation_grace, refill, share)
+                                              self.config.secrets.rotation_grace, refill, share,
+                                              window=self._window.current())
             except StoreError as exc:
                 log.warning("claim failed, backing off: %s", exc)
                 self._settle_refills(refill, [], answered=False)

@@ -71,7 +71,7 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
        dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
        dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM webhook_deliveries d
-  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id AND ev.day = d.event_day
   LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
   LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id
  WHERE d.workspace_id = %(workspace_id)s
@@ -97,7 +97,7 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
        dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
        dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM webhook_deliveries d
-  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id AND ev.day = d.event_day
   LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
   LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id
  WHERE d.id = %(id)s AND d.workspace_id = %(workspace_id)s;
@@ -121,7 +121,8 @@ SELECT 1 FROM events WHERE id = %(event_id)s AND workspace_id = %(workspace_id)s
 SELECT d.endpoint_id, d.event_id, d.payload_hash,
        e.id IS NOT NULL AS endpoint_exists,
        coalesce(e.active, false) AS endpoint_active,
-       EXISTS (SELECT 1 FROM events ev WHERE ev.id = d.event_id AND ev.workspace_id = d.workspace_id)
+       EXISTS (SELECT 1 FROM events ev
+                WHERE ev.id = d.event_id AND ev.workspace_id = d.workspace_id AND ev.day = d.event_day)
            AS event_exists,
        -- A replay row is always live: replaying a shadow row of a workspace
        -- whose outbox is off would be a live send the rollout has not allowed.
@@ -143,7 +144,7 @@ SELECT d.endpoint_id, d.event_id, d.payload_hash,
 -- is held, sent after the resume (migration 0020).
 WITH ins AS (
     INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
-                                    attempt, status, mode, next_attempt_at, replay_of, trace_context)
+                                    attempt, status, mode, next_attempt_at, replay_of, trace_context, event_day)
     VALUES (%(workspace_id)s, %(endpoint_id)s, %(event_id)s, %(payload_hash)s,
             0, CASE WHEN (SELECT e.paused_at FROM webhook_endpoints e WHERE e.id = %(endpoint_id)s) IS NULL
                     THEN 'pending' ELSE 'held' END,
@@ -154,7 +155,10 @@ WITH ins AS (
                 'traceparent', %(traceparent)s::text,
                 'replayed_from', (SELECT o.trace_context ->> 'traceparent' FROM webhook_deliveries o
                                    WHERE o.id = %(replay_of)s AND o.workspace_id = %(workspace_id)s))),
-                   '{}'::jsonb))
+                   '{}'::jsonb),
+            -- The same event, in the same events partition as the original's (0027).
+            coalesce((SELECT o.event_day FROM webhook_deliveries o
+                       WHERE o.id = %(replay_of)s AND o.workspace_id = %(workspace_id)s), dispatcher_today()))
     RETURNING *
 )
 SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attempt, d.mode, d.payload_hash,
@@ -167,7 +171,7 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
        dispatcher_sampled_trace_id(d.trace_context ->> 'traceparent') AS trace_id,
        dispatcher_sampled_trace_id(ev.trace_context ->> 'traceparent') AS producer_trace_id
   FROM ins d
-  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  LEFT JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id AND ev.day = d.event_day
   LEFT JOIN endpoint_state s ON s.endpoint_id = d.endpoint_id
   LEFT JOIN webhook_endpoints ep ON ep.id = d.endpoint_id;
 
@@ -463,11 +467,11 @@ SELECT c.id
 -- A new replay row for each candidate the budget paid for (held while the
 -- endpoint is paused, as api_insert_replay).
 INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
-                                attempt, status, mode, next_attempt_at, replay_of)
+                                attempt, status, mode, next_attempt_at, replay_of, event_day)
 SELECT d.workspace_id, d.endpoint_id, d.event_id, d.payload_hash, 0,
        CASE WHEN (SELECT e.paused_at FROM webhook_endpoints e WHERE e.id = d.endpoint_id) IS NULL
             THEN 'pending' ELSE 'held' END,
-       'live', now(), d.id
+       'live', now(), d.id, d.event_day
   FROM webhook_deliveries d
  WHERE d.id = ANY (%(ids)s::bigint[]) AND d.workspace_id = %(workspace_id)s
  ORDER BY d.id

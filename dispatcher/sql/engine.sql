@@ -23,6 +23,10 @@
 -- It is planned on every execution (store/engine.py: force_custom_plan):
 -- a plan kept from when the table looked empty probed each endpoint through
 -- webhook_deliveries_pending_age, filtering every due row (docs/benchmarks.md).
+-- Every scan of webhook_deliveries is bounded by the claim's window of ids,
+-- [floor, ceiling) (dispatcher_claim_window, refreshed by the worker every
+-- few seconds; docs/claim.md, "The claim's window"): planned with the values,
+-- it reads only the day partitions that can hold a pending row.
 WITH RECURSIVE token AS (
     SELECT nextval('webhook_claim_tokens') AS value
 ), probe_ids AS (
@@ -37,10 +41,16 @@ WITH RECURSIVE token AS (
                -- anti-join, so the planner still drives the EXISTS below from endpoint_state
                AND NOT EXISTS (SELECT 1 FROM webhook_endpoints p
                                 WHERE p.id = o.endpoint_id AND p.paused_at IS NOT NULL)
+               -- OFFSET 0: a test per endpoint (a probe of the due index in each
+               -- partition of the window), never pulled up into a join: over
+               -- partitions the planner hashed every pending row of the window
+               -- whenever it guessed endpoint_state large (unanalysed)
                AND EXISTS (SELECT 1 FROM webhook_deliveries d
                             WHERE d.endpoint_id = o.endpoint_id AND d.status = 'pending'
                               AND d.next_attempt_at <= now()
-                              AND dispatcher_unleased(d.locked_until))
+                              AND dispatcher_unleased(d.locked_until)
+                              AND d.id >= %(floor)s AND d.id < %(ceiling)s
+                           OFFSET 0)
              ORDER BY o.open_until
              LIMIT 16
                FOR UPDATE SKIP LOCKED)
@@ -50,6 +60,7 @@ WITH RECURSIVE token AS (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = p.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
            AND dispatcher_unleased(d.locked_until)
+           AND d.id >= %(floor)s AND d.id < %(ceiling)s
          ORDER BY d.next_attempt_at
          LIMIT 1
            FOR UPDATE SKIP LOCKED) d
@@ -64,6 +75,7 @@ WITH RECURSIVE token AS (
         SELECT d.id FROM webhook_deliveries d
          WHERE d.endpoint_id = f.endpoint_id AND d.status = 'pending' AND d.next_attempt_at <= now()
            AND dispatcher_unleased(d.locked_until)
+           AND d.id >= %(floor)s AND d.id < %(ceiling)s
          ORDER BY d.next_attempt_at
          LIMIT f.want
            FOR UPDATE SKIP LOCKED) d
@@ -79,17 +91,22 @@ WITH RECURSIVE token AS (
      WHERE l.endpoint_id = f.endpoint_id AND f.renew AND l.owner = %(owner)s AND l.claim_token > 0
 ), after_cursor(endpoint_id) AS (
     (SELECT endpoint_id FROM webhook_deliveries
-      WHERE status = 'pending' AND endpoint_id > %(after)s ORDER BY endpoint_id LIMIT 1)
+      WHERE status = 'pending' AND endpoint_id > %(after)s AND id >= %(floor)s AND id < %(ceiling)s
+      ORDER BY endpoint_id LIMIT 1)
     UNION ALL
     SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
-             WHERE d.status = 'pending' AND d.endpoint_id > a.endpoint_id ORDER BY d.endpoint_id LIMIT 1)
+             WHERE d.status = 'pending' AND d.endpoint_id > a.endpoint_id
+               AND d.id >= %(floor)s AND d.id < %(ceiling)s
+             ORDER BY d.endpoint_id LIMIT 1)
       FROM after_cursor a WHERE a.endpoint_id IS NOT NULL
 ), before_cursor(endpoint_id) AS (
     (SELECT endpoint_id FROM webhook_deliveries
-      WHERE status = 'pending' ORDER BY endpoint_id LIMIT 1)
+      WHERE status = 'pending' AND id >= %(floor)s AND id < %(ceiling)s ORDER BY endpoint_id LIMIT 1)
     UNION ALL
     SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
-             WHERE d.status = 'pending' AND d.endpoint_id > b.endpoint_id ORDER BY d.endpoint_id LIMIT 1)
+             WHERE d.status = 'pending' AND d.endpoint_id > b.endpoint_id
+               AND d.id >= %(floor)s AND d.id < %(ceiling)s
+             ORDER BY d.endpoint_id LIMIT 1)
       FROM before_cursor b WHERE b.endpoint_id IS NOT NULL AND b.endpoint_id <= %(after)s
 ), endpoints AS (
     SELECT endpoint_id FROM after_cursor WHERE endpoint_id IS NOT NULL
@@ -131,6 +148,7 @@ WITH RECURSIVE token AS (
            -- a leased row keeps its due time: at most the endpoint's lane
            -- (4) of them are read and passed over here
            AND dispatcher_unleased(d.locked_until)
+           AND d.id >= %(floor)s AND d.id < %(ceiling)s
          ORDER BY d.next_attempt_at
          LIMIT lane.room
            FOR UPDATE SKIP LOCKED) d
@@ -165,8 +183,9 @@ WITH RECURSIVE token AS (
      -- list) made the sets look large.
      WHERE w.id = ANY (ARRAY(SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates
                              UNION ALL SELECT id FROM refill_rows))
+       AND w.id >= %(floor)s AND w.id < %(ceiling)s
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token,
-              w.trace_context, w.held_seconds,
+              w.trace_context, w.held_seconds, w.event_day,
               w.id <> ALL (ARRAY(SELECT id FROM refill_rows)) AS slot
 ), leases AS (
     -- The slots this claim takes of each endpoint's lane: one per row it took
@@ -189,9 +208,17 @@ WITH RECURSIVE token AS (
     -- scan of the events table (seen in the isolation benchmark: 12 ms per
     -- claim at 30k events).  MATERIALIZED keeps each lookup to one call per
     -- key; the joins below are between these small sets only.
-    SELECT k.workspace_id, k.event_id,
-           (SELECT ev FROM events ev WHERE ev.workspace_id = k.workspace_id AND ev.id = k.event_id) AS ev
-      FROM (SELECT DISTINCT workspace_id, event_id FROM claimed) k
+    -- The event is looked up in its day's partition (event_day, 0027); a row
+    -- whose event_day is not its event's day (written by an older release or
+    -- an outside tool, which default it to today) finds it by the key's
+    -- prefix in every partition instead, as before 0027: never "event gone".
+    SELECT k.workspace_id, k.event_id, k.event_day,
+           coalesce((SELECT ev FROM events ev
+                      WHERE ev.workspace_id = k.workspace_id AND ev.id = k.event_id AND ev.day = k.event_day),
+                    (SELECT ev FROM events ev
+                      WHERE ev.workspace_id = k.workspace_id AND ev.id = k.event_id
+                      ORDER BY ev.day DESC LIMIT 1)) AS ev
+      FROM (SELECT DISTINCT workspace_id, event_id, event_day FROM claimed) k
 ), claimed_workspaces AS MATERIALIZED (
     SELECT k.workspace_id, (SELECT ws FROM workspaces ws WHERE ws.id = k.workspace_id) AS ws
       FROM (SELECT DISTINCT workspace_id FROM claimed) k
@@ -230,7 +257,7 @@ SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.
        (v.ev).trace_context AS event_trace, c.trace_context AS delivery_trace,
        coalesce(p.trace_headers, true) AS trace_headers
   FROM claimed c
-  JOIN claimed_events v ON v.workspace_id = c.workspace_id AND v.event_id = c.event_id
+  JOIN claimed_events v ON v.workspace_id = c.workspace_id AND v.event_id = c.event_id AND v.event_day = c.event_day
   JOIN claimed_endpoints p ON p.endpoint_id = c.endpoint_id AND p.workspace_id = c.workspace_id;
 
 -- name: engine_record
@@ -276,7 +303,9 @@ WITH results AS (
                                 ELSE coalesce(w.trace_context, '{}') || jsonb_build_object('traceparent', r.traceparent)
                            END
       FROM results r
-     WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
+     -- The ids again as an array: planned with it, the update reads only the
+     -- partitions of those ids (the join alone cannot prune them).
+     WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending' AND w.id = ANY (%(ids)s::bigint[])
     RETURNING w.id
 ), slots_kept AS (
     UPDATE endpoint_leases l SET leased = s.keep FROM slots s
@@ -362,7 +391,7 @@ RETURNING s.endpoint_id;
 UPDATE webhook_deliveries w
    SET locked_by = NULL, locked_until = NULL, claim_token = NULL
   FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
- WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending'
+ WHERE w.id = r.id AND w.claim_token = r.token AND w.status = 'pending' AND w.id = ANY (%(ids)s::bigint[])
 RETURNING w.id;
 
 -- name: engine_release_owner
@@ -421,6 +450,10 @@ SELECT (SELECT count(*) FROM (
          WHERE s.state <> 'closed') AS held_rows,
        (SELECT count(*) FROM endpoint_state WHERE state <> 'closed') AS open_breakers;
 
+-- name: engine_claim_window
+-- The claim's window of ids (docs/claim.md, "The claim's window").
+SELECT floor, ceiling FROM dispatcher_claim_window();
+
 -- name: engine_record_backlog
 -- The round's backlog figures, kept for the rollout gates (migration 0016),
 -- and the backlog alert's episode: opened by the first round that fires it,
@@ -474,7 +507,7 @@ WITH doomed AS (
     SELECT d.id
       FROM endpoint_state s
       JOIN webhook_deliveries d ON d.endpoint_id = s.endpoint_id AND d.status = 'pending'
-      LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id
+      LEFT JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id AND ev.day = d.event_day
      WHERE s.state = 'open'
        AND d.created_at <= s.opened_at - make_interval(secs => %(min_ceiling)s)
        -- time held while paused does not count toward the ceiling (migration 0020)

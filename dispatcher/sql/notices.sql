@@ -74,14 +74,17 @@ RETURNING id;
 -- name: notices_operational_event
 -- The notice as an event and one delivery row to the operational endpoint:
 -- sent, signed, retried and refused by policy like any other delivery.
+-- The event's id is unique per workspace and day (0009, 0027); the notice's
+-- own row (lifecycle_notice, same transaction) keeps it from being written twice.
 WITH event AS (
-    INSERT INTO events (id, workspace_id, type, sequence, payload)
-    VALUES (%(event_id)s, %(workspace_id)s, %(type)s, nextval('event_sequence'), %(payload)s::jsonb)
-    ON CONFLICT (workspace_id, id) DO NOTHING  -- an event is its workspace and id (0009)
-    RETURNING id
+    INSERT INTO events (id, workspace_id, type, sequence, payload, day)
+    VALUES (%(event_id)s, %(workspace_id)s, %(type)s, nextval('event_sequence'), %(payload)s::jsonb,
+            dispatcher_today())
+    ON CONFLICT (workspace_id, id, day) DO NOTHING
+    RETURNING id, day
 )
-INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash)
-SELECT %(workspace_id)s, %(endpoint_id)s, event.id, %(payload_hash)s FROM event
+INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day)
+SELECT %(workspace_id)s, %(endpoint_id)s, event.id, %(payload_hash)s, event.day FROM event
 RETURNING id;
 
 -- name: notices_claim

@@ -61,11 +61,11 @@ SELECT id, workspace_id, after_id FROM replay_jobs WHERE id = %(id)s AND state =
 -- (the engine sends the same event, so the same Idempotency-Key, signed anew).
 -- To a paused endpoint it is held, sent after the resume, as api_insert_replay.
 INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,
-                                attempt, status, mode, next_attempt_at, replay_of)
+                                attempt, status, mode, next_attempt_at, replay_of, event_day)
 SELECT j.workspace_id, c.endpoint_id, c.event_id, c.payload_hash, 0,
        CASE WHEN (SELECT e.paused_at FROM webhook_endpoints e WHERE e.id = c.endpoint_id) IS NULL
             THEN 'pending' ELSE 'held' END,
-       'live', now(), c.id
+       'live', now(), c.id, c.event_day
   FROM replay_jobs j
  CROSS JOIN LATERAL dispatcher_replay_candidates(j.workspace_id, j.since, j.until, j.event_types,
                                                  j.endpoint_ids, j.statuses, j.after_id, j.max_id) c

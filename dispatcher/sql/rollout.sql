@@ -105,9 +105,9 @@ SELECT i.id AS workspace_id, w.id IS NOT NULL AS known,
                max(e.created_at) FILTER (WHERE e.shadow AND NOT e.live) AS last_synchronous
           FROM (SELECT ev.created_at,
                        EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.workspace_id = ev.workspace_id
-                                  AND d.event_id = ev.id AND d.mode = 'live') AS live,
+                                  AND d.event_id = ev.id AND d.event_day = ev.day AND d.mode = 'live') AS live,
                        EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.workspace_id = ev.workspace_id
-                                  AND d.event_id = ev.id AND d.mode = 'shadow') AS shadow
+                                  AND d.event_id = ev.id AND d.event_day = ev.day AND d.mode = 'shadow') AS shadow
                   FROM events ev
                  WHERE ev.workspace_id = i.id AND ev.created_at >= %(since)s AND ev.created_at < %(until)s) e
        ) f ON true
@@ -118,14 +118,16 @@ SELECT i.id AS workspace_id, w.id IS NOT NULL AS known,
 -- row) that the test receiver never got, with their live rows' statuses.
 SELECT e.id, e.workspace_id, e.type, e.created_at,
        (SELECT array_agg(DISTINCT d.status ORDER BY d.status) FROM webhook_deliveries d
-         WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live') AS statuses
+         WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.event_day = e.day
+           AND d.mode = 'live') AS statuses
   FROM events e
   LEFT JOIN unnest(%(received)s::text[]) AS r(id) ON r.id = e.id
  WHERE e.workspace_id = ANY (%(workspaces)s::text[])
    AND e.created_at >= %(since)s AND e.created_at < %(until)s
    AND r.id IS NULL
    AND EXISTS (SELECT 1 FROM webhook_deliveries d
-                WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.mode = 'live')
+                WHERE d.workspace_id = e.workspace_id AND d.event_id = e.id AND d.event_day = e.day
+                  AND d.mode = 'live')
  ORDER BY e.created_at, e.id;
 
 -- name: gate_phase2
@@ -141,7 +143,7 @@ SELECT count(*) AS deliveries,
                               WHERE o.workspace_id = d.workspace_id AND o.event_id = d.event_id
                                 AND o.endpoint_id = d.endpoint_id AND o.status = 'delivered')) AS never_retried
   FROM webhook_deliveries d
-  JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id
+  JOIN events ev ON ev.id = d.event_id AND ev.workspace_id = d.workspace_id AND ev.day = d.event_day
   LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id
  WHERE d.mode = 'live' AND d.replay_of IS NULL AND d.created_at >= %(since)s AND d.created_at < %(until)s
    AND NOT (ev.type = ANY (%(single_attempt_types)s::text[]))

@@ -49,8 +49,11 @@ class _Plan:
 # own parameters.  They keep a plan per connection (plan_cache_mode auto:
 # generic once it costs no more than a custom one), re-made when ANALYZE
 # changes the statistics.  The claim's plan does depend on it (the class
-# docstring), so it is made on every execution.
-KEPT_PLANS = frozenset({"engine_record", "engine_breaker_touch"})
+# docstring), so it is made on every execution; so is the result write's
+# (engine_record), whose plan names only the partitions of its ids (migration
+# 0027): a generic plan holds every partition, and Postgres 15 locks them all
+# at each execution before it prunes.
+KEPT_PLANS = frozenset({"engine_breaker_touch"})
 CLAIM_PLAN_MODE = "force_custom_plan"
 
 
@@ -259,6 +262,20 @@ class Transaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimWindow:
+    """The ids a claim reads, [floor, ceiling) (``dispatcher_claim_window``; docs/claim.md,
+    "The claim's window"): the claim's scans are bounded by it, so its plan reads only the
+    day partitions that can hold a pending row."""
+
+    floor: int
+    ceiling: int
+
+
+# Every id: a claim without a window reads every partition (tests, benchmarks, tools).
+EVERY_ID = ClaimWindow(-(2**63), 2**63 - 1)
+
+
+@dataclass(frozen=True, slots=True)
 class ClaimedRow:
     id: int
     claim_token: int
@@ -336,16 +353,19 @@ class EngineStore:
 
     def claim(self, owner: str, limit: int, per_endpoint: int, busy: Sequence[int], after: int,
               lease: float, secret_grace: float = ROTATION_GRACE,
-              refill: Sequence[tuple[int, int, bool]] = (), share: int | None = None) -> list[ClaimedRow]:
+              refill: Sequence[tuple[int, int, bool]] = (), share: int | None = None,
+              window: ClaimWindow = EVERY_ID) -> list[ClaimedRow]:
         """Claim due rows: up to ``limit`` by the endpoint walk (skipping ``busy``), each taking
         a lane slot, at most ``share`` (default ``per_endpoint``) of one endpoint; plus up to
         ``want`` more rows of each ``(endpoint_id, want, renew)`` in ``refill``, lanes this owner
-        holds slots for already (those take none; ``renew``: the slots' lease is renewed)."""
+        holds slots for already (those take none; ``renew``: the slots' lease is renewed).
+        Only rows whose id is in ``window`` (:meth:`claim_window`) are read."""
         # A refilled lane is never walked too: its rows would be claimed twice in one statement.
         busy = sorted(set(busy).union(endpoint_id for endpoint_id, _, _ in refill))
         params = {"owner": owner, "limit": limit, "per_endpoint": per_endpoint, "busy": busy,
                   "share": per_endpoint if share is None else share,
                   "after": after, "lease": lease, "grace": secret_grace,
+                  "floor": window.floor, "ceiling": window.ceiling,
                   "refill": json.dumps([{"endpoint_id": e, "want": w, "renew": r} for e, w, r in refill],
                                        separators=(",", ":"))}
         with self._conn.statement() as cur:
@@ -361,6 +381,14 @@ class EngineStore:
                 row["payload"] = payloads.get((row["workspace_id"], row["event_id"]))
         return [ClaimedRow(**row) for row in rows]
 
+    def claim_window(self) -> ClaimWindow:
+        """The ids a claim needs to read now (``dispatcher_claim_window``): the worker asks every
+        few seconds (``worker.CLAIM_WINDOW_REFRESH``) and passes it to :meth:`claim`."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_claim_window"])
+            ((floor, ceiling),) = cur.fetchall()
+            return ClaimWindow(int(floor), int(ceiling))
+
     def record(self, records: Sequence[AttemptRecord], slots: Sequence[SlotEntry] = ()) -> set[int]:
         """Write a batch of results and what this process's lane entries hold now (``slots``);
         returns the ids the fence let through."""
@@ -374,9 +402,12 @@ class EngineStore:
         entries = [{"endpoint_id": e.endpoint_id, "token": e.token, "keep": e.keep, "held": e.held, "hold": e.hold}
                    for e in slots]
         with self._conn.statement() as cur:
+            # The ids once more as an array literal (a string: cheaper than adapting a list), so
+            # the update is planned for their partitions only.
             cur.execute(self._conn.prepared(cur, "engine_record"),
                         {"results": json.dumps(rows, separators=(",", ":")),
-                         "slots": json.dumps(entries, separators=(",", ":"))})
+                         "slots": json.dumps(entries, separators=(",", ":")),
+                         "ids": "{" + ",".join(str(r.id) for r in records) + "}"})
             return {row[0] for row in cur.fetchall()}
 
     def update_breakers(self, endpoint_ids: Sequence[int], batch: BreakerBatch) -> list[BreakerWrite]:

@@ -43,11 +43,13 @@ def seed_hoarder(dsn: str, workspace: str, endpoints: int, attempts_per_bucket: 
                " SELECT %s || '_' || b, %s, 'job.created', b + 1, '{}' FROM generate_series(0, %s - 1) b",
           (EVENT, workspace, WEEK_BUCKETS))
     query(dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, attempt,"
-               "                                last_error, last_status_code, finished_at)"
-               " SELECT e.workspace_id, e.id, %s || '_' || b, 'h', 'dead', %s, 'http_5xx: ' || repeat('e', 190),"
-               "        503, now()"
-               "   FROM webhook_endpoints e, generate_series(0, %s - 1) b WHERE e.workspace_id = %s",
-          (EVENT, attempts_per_bucket, WEEK_BUCKETS, workspace))
+               "                                last_error, last_status_code, finished_at, event_day)"
+               " SELECT e.workspace_id, e.id, ev.id, 'h', 'dead', %s, 'http_5xx: ' || repeat('e', 190),"
+               "        503, now(), ev.day"
+               "   FROM webhook_endpoints e, generate_series(0, %s - 1) b"
+               "   JOIN events ev ON ev.workspace_id = %s AND ev.id = %s || '_' || b"
+               "  WHERE e.workspace_id = %s",
+          (attempts_per_bucket, WEEK_BUCKETS, workspace, EVENT, workspace))
     # Bucket b of the 7-day window spans [b, b+1) x 105 minutes after now() - 7 days: event b's
     # attempts land in its middle, a second apart.
     query(dsn, "INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms,"
@@ -57,7 +59,7 @@ def seed_hoarder(dsn: str, workspace: str, endpoints: int, attempts_per_bucket: 
                "        CASE WHEN b %% 3 = 0 THEN 'delivered' ELSE 'http_5xx' END,"
                "        CASE WHEN b %% 3 = 0 THEN 200 ELSE 503 END, repeat('r', 100)"
                "   FROM webhook_deliveries d"
-               "   JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id"
+               "   JOIN events ev ON ev.workspace_id = d.workspace_id AND ev.id = d.event_id AND ev.day = d.event_day"
                "  CROSS JOIN LATERAL (SELECT (ev.sequence - 1)::int AS b) s, generate_series(0, %s - 1) k"
                "  WHERE d.workspace_id = %s",
           (attempts_per_bucket, workspace))
