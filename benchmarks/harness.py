@@ -130,6 +130,14 @@ def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, f
     return int(cur.rowcount)
 
 
+# The outbox is partitioned by day (migration 0027): a partitioned table and its indexes have no
+# storage and no counters of their own, so every figure below is its partitions' (its leaves'), summed.
+# pg_partition_tree of a plain table is the table itself: the same queries read the legacy schema.
+def leaves(relation: str) -> str:
+    """SQL for the storage-bearing relations (partitions) of ``relation``, a table or an index."""
+    return f"(SELECT relid FROM pg_partition_tree('{relation}') WHERE isleaf)"
+
+
 def outbox_stats(db: Database) -> dict[str, Any]:
     """Tuple counters, autovacuum activity and sizes of the outbox and its indexes."""
     conn = db.connect(autocommit=True)
@@ -137,20 +145,24 @@ def outbox_stats(db: Database) -> dict[str, Any]:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_stat_force_next_flush()")
             cur.execute(
-                """SELECT n_live_tup, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del,
-                          autovacuum_count, vacuum_count, autoanalyze_count,
-                          extract(epoch FROM now() - last_autovacuum)::float8
-                     FROM pg_stat_user_tables WHERE relname = 'webhook_deliveries'""")
-            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze, since_autovac) = cur.fetchone()
+                f"""SELECT sum(n_live_tup), sum(n_dead_tup), sum(n_tup_ins), sum(n_tup_upd), sum(n_tup_hot_upd),
+                           sum(n_tup_del), sum(autovacuum_count), sum(vacuum_count), sum(autoanalyze_count),
+                           extract(epoch FROM now() - max(last_autovacuum))::float8
+                      FROM pg_stat_user_tables WHERE relid IN {leaves('webhook_deliveries')}""")
+            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze, since_autovac) = \
+                [None if value is None else value if isinstance(value, float) else int(value)
+                 for value in cur.fetchone()]
             cur.execute(
-                """SELECT c.relname, pg_relation_size(c.oid)
+                """SELECT c.relname, (SELECT coalesce(sum(pg_relation_size(t.relid)), 0)
+                                        FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
                      FROM pg_class c
                     WHERE c.relname = 'webhook_deliveries'
                        OR c.oid IN (SELECT indexrelid FROM pg_index
                                      WHERE indrelid = 'webhook_deliveries'::regclass)
                     ORDER BY c.relname""")
             sizes = {name: int(size) for name, size in cur.fetchall()}
-            cur.execute("SELECT pg_total_relation_size('webhook_delivery_attempts')")
+            cur.execute(f"SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
+                        f"FROM {leaves('webhook_delivery_attempts')} AS t(relid)")
             attempts_size = int(cur.fetchone()[0])
     finally:
         conn.close()
@@ -169,7 +181,8 @@ def wal_lsn(db: Database) -> int:
 
 
 def bloat(db: Database) -> dict[str, Any]:
-    """pgstattuple of the outbox heap and pgstatindex of its claim index (exact, not estimates)."""
+    """pgstattuple of the outbox heap and pgstatindex of its claim index (exact, not estimates),
+    each summed over the partitions."""
     conn = db.connect(autocommit=True)
     try:
         with conn.cursor() as cur:
@@ -177,18 +190,23 @@ def bloat(db: Database) -> dict[str, Any]:
                 cur.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
             except psycopg2.Error as exc:  # e.g. a server built without contrib
                 return {"unavailable": (str(exc).strip().splitlines() or ["pgstattuple missing"])[0]}
-            cur.execute("""SELECT table_len, tuple_count, dead_tuple_count, dead_tuple_percent, free_percent
-                             FROM pgstattuple('webhook_deliveries')""")
-            table_len, tuples, dead, dead_pct, free_pct = cur.fetchone()
-            cur.execute("""SELECT index_size, leaf_pages, deleted_pages, avg_leaf_density
-                             FROM pgstatindex('webhook_deliveries_due')""")
-            index_size, leaf_pages, deleted_pages, density = cur.fetchone()
+            cur.execute(f"""SELECT sum(s.table_len), sum(s.tuple_count), sum(s.dead_tuple_count),
+                                   sum(s.dead_tuple_len), sum(s.free_space)
+                              FROM {leaves('webhook_deliveries')} AS t(relid), pgstattuple(t.relid) s""")
+            table_len, tuples, dead, dead_len, free = (int(v or 0) for v in cur.fetchone())
+            cur.execute(f"""SELECT sum(s.index_size), sum(s.leaf_pages), sum(s.deleted_pages),
+                                   sum(s.avg_leaf_density * s.leaf_pages) FILTER (WHERE s.leaf_pages > 0)
+                              FROM {leaves('webhook_deliveries_due')} AS t(relid), pgstatindex(t.relid) s""")
+            index_size, leaf_pages, deleted_pages, density_pages = cur.fetchone()
     finally:
         conn.close()
-    return {"heap_bytes": int(table_len), "live_tuples": int(tuples), "dead_tuples": int(dead),
-            "dead_tuple_percent": float(dead_pct), "free_percent": float(free_pct),
-            "due_index_bytes": int(index_size), "due_index_leaf_pages": int(leaf_pages),
-            "due_index_deleted_pages": int(deleted_pages), "due_index_leaf_density_percent": float(density)}
+    leaf_pages = int(leaf_pages or 0)
+    return {"heap_bytes": table_len, "live_tuples": tuples, "dead_tuples": dead,
+            "dead_tuple_percent": round(100.0 * dead_len / table_len, 2) if table_len else 0.0,
+            "free_percent": round(100.0 * free / table_len, 2) if table_len else 0.0,
+            "due_index_bytes": int(index_size or 0), "due_index_leaf_pages": leaf_pages,
+            "due_index_deleted_pages": int(deleted_pages or 0),
+            "due_index_leaf_density_percent": round(float(density_pages) / leaf_pages, 2) if leaf_pages else None}
 
 
 def timed_vacuum(db: Database) -> dict[str, Any]:
