@@ -28,6 +28,7 @@ from dispatcher.durations import format_duration
 from dispatcher.rules.breaker import BreakerPolicy
 from dispatcher.rules.health import BacklogRule, FleetRule
 from dispatcher.rules.lifecycle import LifecyclePolicy
+from dispatcher.rules.partitions import PartitionPolicy
 from dispatcher.rules.retry import RetryPolicies, RetryPolicy
 from dispatcher.signing import ROTATION_GRACE
 
@@ -38,6 +39,8 @@ _LIFECYCLE = LifecyclePolicy()
 # So do the alert thresholds: the rules' own (RFC-014 "Backlog growth"), declared once in dispatcher/rules/health.py.
 _BACKLOG_DEFAULTS = BacklogRule()
 _FLEET_DEFAULTS = FleetRule()
+# And the partition policy's own (issue 25: events kept 90 days, a week of partitions ahead).
+_PARTITIONS = PartitionPolicy()
 
 DSN_ENV = "DISPATCHER_DATABASE_DSN"
 # The supervisor resolves the DSN once (starting the embedded server if need
@@ -317,9 +320,24 @@ class AlertsConfig:
 class RetentionConfig:
     dead: float = setting(30 * 86400.0, parse_duration,
                           "keep dead and failed deliveries, and finished bulk replay jobs, this long (Q2)")
-    delivered: float = setting(7 * 86400.0, parse_duration, "keep delivered (and marked shadow) deliveries this long")
+    delivered: float = setting(7 * 86400.0, parse_duration,
+                               "keep delivered (and marked shadow) deliveries this long; a day's partition "
+                               "goes once every row in it is past its retention")
     attempts: float = setting(30 * 86400.0, parse_duration, "keep attempt history this long")
-    batch: int = setting(5000, _positive_int, "rows deleted per pruning statement")
+    events: float = setting(_PARTITIONS.events, parse_duration,
+                            "keep events (payloads) this long, and while a delivery row refers to them")
+    batch: int = setting(5000, _positive_int, "rows deleted per pruning statement (the DEFAULT partitions only)")
+
+
+@dataclass(frozen=True)
+class PartitionsConfig:
+    # docs/operations.md, "Partition maintenance"; the rule: dispatcher/rules/partitions.py.
+    days_ahead: int = setting(_PARTITIONS.days_ahead, _positive_int,
+                              "day partitions the upkeep leader keeps created ahead of today")
+    lock_timeout: float = setting(0.2, parse_duration,
+                                  "longest a partition's CREATE or DETACH waits for its table's lock; then it "
+                                  "is retried next round (a waiting ACCESS EXCLUSIVE request would queue "
+                                  "producers behind it)")
 
 
 @dataclass(frozen=True)
@@ -530,6 +548,7 @@ class Config:
     statsd: StatsdConfig = field(default_factory=StatsdConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    partitions: PartitionsConfig = field(default_factory=PartitionsConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     producer: ProducerConfig = field(default_factory=ProducerConfig)
     notifier: NotifierConfig = field(default_factory=NotifierConfig)
@@ -537,6 +556,19 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
     source: str = field(default="<defaults>", compare=False)
+
+    def ended_by(self) -> float:
+        """How long after its creation a row may still end dead or failed: the longest retry ceiling,
+        then one ``breaker.open_for`` (the last chance behind an open breaker, docs/decisions.md)."""
+        policies = self.retry.retry_policies()
+        ceiling = max([policies.default.ceiling, *(p.ceiling for p in policies.by_event_type.values())])
+        return ceiling + self.breaker.open_for
+
+    def partition_policy(self) -> PartitionPolicy:
+        retention = self.retention
+        return PartitionPolicy(days_ahead=self.partitions.days_ahead, delivered=retention.delivered,
+                               dead=retention.dead, ended_by=self.ended_by(), attempts=retention.attempts,
+                               events=retention.events)
 
 
 # The sections are Config's fields made with a default_factory, each its section's class.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher import store
@@ -49,19 +50,20 @@ def _connect(config: Config, purpose: str) -> store.Connection:
 # ---------------------------------------------------------------- check
 
 
-def _perfdata(backlog: BacklogFigures, fleet: FleetFigures) -> str:
+def _perfdata(backlog: BacklogFigures, fleet: FleetFigures, ahead: Mapping[str, int]) -> str:
     """Nagios performance data: the figures behind the verdict."""
     return (f"overdue_rows={backlog.overdue_rows} oldest_due_age={backlog.oldest_age or 0.0:.1f}s "
             f"held_rows={backlog.held_rows} open_breakers={backlog.open_breakers} "
             f"workers_alive={fleet.workers_alive} heartbeat_age={_age(fleet.heartbeat_age)} "
-            f"leader_age={_age(fleet.leader_age)}")
+            f"leader_age={_age(fleet.leader_age)} partitions_ahead_days={min(ahead.values(), default=0)}")
 
 
 def _age(seconds: float | None) -> str:
     return "U" if seconds is None else f"{seconds:.1f}s"  # U: Nagios' "no value"
 
 
-def _check_document(verdict: Verdict, backlog: BacklogFigures | None, fleet: FleetFigures | None) -> dict[str, Any]:
+def _check_document(verdict: Verdict, backlog: BacklogFigures | None, fleet: FleetFigures | None,
+                    ahead: Mapping[str, int] | None) -> dict[str, Any]:
     return {"version": JSON_VERSION, "status": verdict.severity.name, "code": int(verdict.severity),
             "problems": list(verdict.problems),
             "backlog": None if backlog is None else {
@@ -70,31 +72,37 @@ def _check_document(verdict: Verdict, backlog: BacklogFigures | None, fleet: Fle
             "fleet": None if fleet is None else {
                 "workers_alive": fleet.workers_alive, "heartbeat_age": fleet.heartbeat_age,
                 "leader_age": fleet.leader_age, "stopped_age": fleet.stopped_age, "stopped_how": fleet.stopped_how,
-                "rows_waiting": fleet.rows_waiting}}
+                "rows_waiting": fleet.rows_waiting},
+            "partitions": None if ahead is None else {"days_ahead": dict(ahead)}}
 
 
-def _evaluate(config_path: str) -> tuple[Verdict, BacklogFigures | None, FleetFigures | None]:
+Evaluation = tuple[Verdict, BacklogFigures | None, FleetFigures | None, Mapping[str, int] | None]
+
+
+def _evaluate(config_path: str) -> Evaluation:
     try:
         config = load_config(config_path)
         conn = _connect(config, "check")
         try:
-            backlog, fleet = health_figures(conn, thresholds(config))
+            backlog, fleet, ahead = health_figures(conn, thresholds(config))
         finally:
             conn.close()
     except Exception as exc:  # config, database, anything: the probe cannot judge -> UNKNOWN, one line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return Verdict(Severity.UNKNOWN, (f"cannot evaluate: {first}",)), None, None
-    return judge(backlog, fleet, config.alerts.backlog_rule(), config.alerts.fleet_rule()), backlog, fleet
+        return Verdict(Severity.UNKNOWN, (f"cannot evaluate: {first}",)), None, None, None
+    verdict = judge(backlog, fleet, config.alerts.backlog_rule(), config.alerts.fleet_rule(), ahead)
+    return verdict, backlog, fleet, ahead
 
 
 def check_main(config_path: str, as_json: bool) -> int:
     """``dispatcher check``: print one line (or JSON) and return the Nagios code."""
-    verdict, backlog, fleet = _evaluate(config_path)
+    verdict, backlog, fleet, ahead = _evaluate(config_path)
     if as_json:
-        print(json.dumps(_check_document(verdict, backlog, fleet), sort_keys=True))
+        print(json.dumps(_check_document(verdict, backlog, fleet, ahead), sort_keys=True))
     else:
         summary = "; ".join(verdict.problems) or _healthy_summary(backlog, fleet)
-        perf = f" | {_perfdata(backlog, fleet)}" if backlog is not None and fleet is not None else ""
+        perf = (f" | {_perfdata(backlog, fleet, ahead)}"
+                if backlog is not None and fleet is not None and ahead is not None else "")
         print(f"{verdict.severity.name} - {summary}{perf}")
     return int(verdict.severity)
 
@@ -115,7 +123,8 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
         raw = region_status(conn, thresholds(config, STATUS_TIMEOUT))
     finally:
         conn.close()
-    verdict = judge(raw["backlog"], raw["fleet"], config.alerts.backlog_rule(), config.alerts.fleet_rule())
+    verdict = judge(raw["backlog"], raw["fleet"], config.alerts.backlog_rule(), config.alerts.fleet_rule(),
+                    raw["partitions_ahead"])
     document = status_document(config, raw, verdict)
     if args.json:
         print(json.dumps(document, sort_keys=True, indent=2))
@@ -181,6 +190,7 @@ def status_document(config: Config, raw: dict[str, Any], verdict: Verdict) -> di
         "last_stop": None if raw["last_stop"] is None else {
             "stopped_at": _iso(raw["last_stop"]["stopped_at"]), "how": raw["last_stop"]["how"],
             "host": raw["last_stop"]["host"], "pid": raw["last_stop"]["pid"]},
+        "partitions": {"days_ahead": dict(raw.get("partitions_ahead", {}))},
     }
 
 
@@ -234,4 +244,7 @@ def render(doc: dict[str, Any]) -> str:
         lines += [f"  {_cut(w['host'], 24):<24} {w['pid']:>7} {_when(w['started_at']):<20} "
                   f"{w['heartbeat_age']:>7.1f}s {w['in_flight']:>9} {'leader' if w['leader'] else ''}"
                   for w in doc["workers"]]
+    ahead = doc["partitions"]["days_ahead"]
+    lines.append("partitions days ahead: " + ("-" if not ahead else
+                                              "  ".join(f"{table} {days}" for table, days in sorted(ahead.items()))))
     return "\n".join(line.rstrip() for line in lines)

@@ -12,13 +12,18 @@ alert's episodes in the database for the rollout gates (``backlog_samples``,
 chance is spent (``dispatcher.rules.breaker.last_chance_spent``: past their
 retry ceiling behind an open breaker that opened after it; claims skip those
 rows, so nothing else would ever end them), keeps paused endpoints' rows
-held and ends those held past ``endpoints.hold_for``, and applies retention
-(docs/decisions.md, Q2): dead and failed rows, delivered rows and attempt
-history are pruned in batches once they are older than ``retention.*``.
+held and ends those held past ``endpoints.hold_for``, keeps the day
+partitions (issue 25: ``dispatcher.rules.partitions``): creates them
+``partitions.days_ahead`` ahead, drops whole the ones whose rows are all past
+retention and reports the ones that wait, and prunes the DEFAULT partitions,
+which catch rows whose day had no partition, in batches by the row-by-row
+rules of retention (docs/decisions.md, Q2).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
 import os
 import socket
@@ -26,8 +31,11 @@ from collections.abc import Callable
 
 from dispatcher.config import Config
 from dispatcher.metrics import Metrics
+from dispatcher.rules.health import partition_breaches
+from dispatcher.rules.partitions import EVENTS, Kind, Partition, Plan, ahead_days, partition_name
 from dispatcher.store.engine import EngineStore
 from dispatcher.store.operations import Presence
+from dispatcher.store.partitions import Listing, Outcome, PartitionStore
 
 log = logging.getLogger("dispatcher.upkeep")
 
@@ -47,11 +55,22 @@ LEASE_FLOOR = 30.0
 GATE_EVIDENCE_KEPT = 35 * 86400.0
 
 
+Said = tuple[int, str]  # a log level and the message
+
+
+def _failed(outcome: Outcome) -> Said:
+    """A busy table is routine on a busy region (INFO); a refusal is not (WARNING)."""
+    return (logging.INFO if outcome.retry else logging.WARNING, f"{outcome.detail}; tried again next round")
+
+
 class Upkeep:
     def __init__(self, config: Config, store: EngineStore, metrics: Metrics, presence: Presence | None = None,
-                 owner: str = "") -> None:
+                 owner: str = "", partitions: PartitionStore | None = None) -> None:
         self._config = config
         self._store = store
+        self._partitions = partitions or PartitionStore(store.connection)
+        self._partition_policy = config.partition_policy()
+        self._said: dict[str, Said] = {}  # what the partition upkeep last logged about each partition or table
         self._metrics = metrics
         self._presence = presence  # the leader's heartbeat row, stamped each round it holds the lease
         self._backlog_rule = config.alerts.backlog_rule()
@@ -79,6 +98,7 @@ class Upkeep:
         self._keep_paused()
         self._store.prune_lapsed_leases()
         self._prune()
+        self._keep_partitions()  # last: a refusal raised here leaves the round's other work done
 
     @property
     def is_leader(self) -> bool:
@@ -150,22 +170,91 @@ class Upkeep:
         paused, held = self._store.held_figures()
         self._metrics.gauges([("webhook_paused_endpoints", paused), ("webhook_held_rows", held)])
 
+    def _keep_partitions(self) -> None:
+        """Issue 25 (docs/operations.md, "Partition maintenance"): create the day partitions ahead, drop
+        whole those the policy lets go, report those that wait, publish the gauges.  A table whose lock
+        was busy gets no more DDL this round: each try may hold its producers up to the lock timeout."""
+        listing = self._partitions.listing()
+        found = [self._probed(p, listing) for p in listing.partitions]
+        plan = self._partition_policy.plan(listing.now, found, listing.legacy_until)
+        busy: set[str] = set()
+        said: dict[str, Said] = {}
+        created = self._create_ahead(plan, busy, said)
+        self._drop(plan, busy, said)
+        for decision in plan.wait:
+            name = decision.partition.name
+            said[name] = (logging.WARNING, f"partition {name} waits: {decision.reason}")
+        ahead = ahead_days(listing.now.astimezone(datetime.UTC).date(), [*found, *created])
+        for problem in partition_breaches(ahead):
+            said[problem.split(" ", 1)[0]] = (logging.WARNING, problem)
+        self._log_changes(said)
+        self._metrics.gauges([("webhook_partitions_ahead_days", min(ahead.values())),
+                              ("webhook_partitions_waiting", len(plan.wait))])
+
+    def _probed(self, partition: Partition, listing: Listing) -> Partition:
+        """An events partition past retention, with whether a delivery row still refers to it (only those:
+        the probe reads the BRIN index of every deliveries partition)."""
+        if partition.table != EVENTS or not self._partition_policy.past_retention(partition, listing.now,
+                                                                                listing.legacy_until):
+            return partition
+        return dataclasses.replace(partition, referenced=self._partitions.events_referenced(partition))
+
+    def _create_ahead(self, plan: Plan, busy: set[str], said: dict[str, Said]) -> list[Partition]:
+        created = []
+        for table, day in plan.create:
+            if table in busy:
+                continue
+            outcome = self._partitions.create(table, day, self._config.partitions.lock_timeout)
+            name = partition_name(table, day)
+            if outcome.done:
+                log.info("partitions: created %s", name)
+                created.append(Partition(table, name, Kind.DAY, day))
+            else:
+                said[name] = _failed(outcome)
+                if outcome.retry:
+                    busy.add(table)
+        return created
+
+    def _drop(self, plan: Plan, busy: set[str], said: dict[str, Said]) -> None:
+        for decision in plan.drop:
+            partition = decision.partition
+            if partition.table in busy:
+                continue
+            outcome = self._partitions.drop(partition, self._config.partitions.lock_timeout)
+            if outcome.done:
+                log.info("retention: dropped %s: %s", partition.name, decision.reason)
+            else:
+                said[partition.name] = _failed(outcome)
+                if outcome.retry:
+                    busy.add(partition.table)
+
+    def _log_changes(self, said: dict[str, Said]) -> None:
+        """Each wait or failure once, when it begins or changes (a round every check_interval would
+        repeat it thousands of times a day), and once when it is over."""
+        for key, (level, message) in said.items():
+            if self._said.get(key) != (level, message):
+                log.log(level, "%s", message)
+        for key in self._said.keys() - said.keys():
+            log.info("partitions: over: %s", self._said[key][1])
+        self._said = said
+
     def _prune(self) -> None:
-        """Q2: dead and failed rows are kept ``retention.dead`` after they ended
-        (they end at most ``retry.ceiling`` after creation, or, behind an open
-        breaker, once a probe after it fails: up to ``breaker.open_for`` later),
-        delivered rows and marked shadow rows ``retention.delivered``, attempt
-        history ``retention.attempts``, finished bulk replay jobs ``retention.dead``."""
+        """Q2, for the rows the DEFAULT partitions caught (a day without a partition); day partitions
+        go whole (``_keep_partitions``).  Dead and failed rows are kept ``retention.dead`` after they
+        ended (they end at most ``retry.ceiling`` after creation, or, behind an open breaker, once a
+        probe after it fails: up to ``breaker.open_for`` later), delivered rows and marked shadow rows
+        ``retention.delivered``, attempt history ``retention.attempts``, events ``retention.events``
+        once no delivery row refers to them; finished bulk replay jobs ``retention.dead``."""
         retention = self._config.retention
-        ceiling = max([self._policies.default.ceiling, *(p.ceiling for p in self._policies.by_event_type.values())])
-        ended_by = ceiling + self._config.breaker.open_for
+        ended_by = self._config.ended_by()
         deleted = (self._prune_until_short(lambda: self._store.prune_deliveries(
                        ("dead", "failed"), retention.dead + ended_by, retention.batch))
                    + self._prune_until_short(lambda: self._store.prune_deliveries(
                        ("delivered", "shadow"), retention.delivered, retention.batch))
-                   + self._prune_until_short(lambda: self._store.prune_attempts(retention.attempts, retention.batch)))
+                   + self._prune_until_short(lambda: self._store.prune_attempts(retention.attempts, retention.batch))
+                   + self._prune_until_short(lambda: self._store.prune_events(retention.events, retention.batch)))
         if deleted:
-            log.info("retention: pruned %d rows", deleted)
+            log.info("retention: pruned %d rows of the DEFAULT partitions", deleted)
         self._store.prune_gate_evidence(GATE_EVIDENCE_KEPT)
         self._store.prune_replay_jobs(retention.dead)
 

@@ -16,7 +16,15 @@ alerting on them would page on every customer's maintenance window.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+# Fewer days after today with a day partition than this, for any partitioned table, is a WARNING: the
+# upkeep leader keeps partitions.days_ahead (7) of them, so two left means it has failed to create one
+# for days (no leader, or a table whose lock it never got).  Rows of a day without a partition are not
+# lost: they go to the table's DEFAULT partition, which is pruned row by row (docs/operations.md,
+# "Partition maintenance").
+PARTITION_DAYS_AHEAD = 2
 
 
 class Severity(enum.IntEnum):
@@ -107,11 +115,23 @@ class Verdict:
     problems: tuple[str, ...]
 
 
-def judge(backlog: BacklogFigures, fleet: FleetFigures, backlog_rule: BacklogRule, fleet_rule: FleetRule) -> Verdict:
+def partition_breaches(days_ahead: Mapping[str, int]) -> list[str]:
+    """One line per partitioned table with fewer than PARTITION_DAYS_AHEAD days of partitions after today."""
+    return [f"{table} has partitions for {days} days ahead only (fewer than {PARTITION_DAYS_AHEAD}): rows of a "
+            "day without one go to its DEFAULT partition" for table, days in sorted(days_ahead.items())
+            if days < PARTITION_DAYS_AHEAD]
+
+
+def judge(backlog: BacklogFigures, fleet: FleetFigures, backlog_rule: BacklogRule, fleet_rule: FleetRule,
+          days_ahead: Mapping[str, int] | None = None) -> Verdict:
     """``dispatcher check``'s verdict: a backlog breach is CRITICAL (the RFC's
-    page), a dead fleet CRITICAL, a missing leader WARNING; held rows never alert."""
+    page), a dead fleet CRITICAL, a missing leader WARNING, too few day
+    partitions ahead WARNING; held rows never alert."""
     severity, problems = fleet_rule.breaches(fleet)
     backlog_problems = backlog_rule.breaches(backlog)
     if backlog_problems:
         severity = Severity.CRITICAL
-    return Verdict(severity, tuple(backlog_problems + problems))
+    partition_problems = partition_breaches(days_ahead or {})
+    if partition_problems:
+        severity = max(severity, Severity.WARNING)
+    return Verdict(severity, tuple(backlog_problems + problems + partition_problems))

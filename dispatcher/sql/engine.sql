@@ -529,29 +529,46 @@ RETURNING w.id;
 DELETE FROM endpoint_leases WHERE until < now();
 
 -- name: engine_prune_deliveries
--- Batched, so one run never holds many row locks or writes a burst of WAL;
--- the caller repeats until a batch comes back short.  Both statements run as
--- one implicit transaction (one query string), so SET LOCAL holds for the
--- DELETE only: with stale statistics the planner otherwise bets on a LIMITed
--- sequential scan, which reads the whole table when nothing is due for
--- pruning; the BRIN index reads only the old block ranges.
+-- Retention of the rows the DEFAULT partition caught (a day without a
+-- partition of its own: the upkeep leader was down, or could not create it);
+-- day partitions go whole (dispatcher_drop_partition), so at steady state
+-- this finds nothing.  Batched, so one run never holds many row locks or
+-- writes a burst of WAL; the caller repeats until a batch comes back short.
+-- Both statements run as one implicit transaction (one query string), so SET
+-- LOCAL holds for the DELETE only: with stale statistics the planner
+-- otherwise bets on a LIMITed sequential scan, which reads the whole table
+-- when nothing is due for pruning; the BRIN index reads only the old block
+-- ranges.
 SET LOCAL enable_seqscan = off;
 WITH doomed AS (
-    SELECT id FROM webhook_deliveries
+    SELECT id FROM webhook_deliveries_default
      WHERE status = ANY (%(statuses)s::text[])
        AND created_at < now() - make_interval(secs => %(older_than)s)
      LIMIT %(batch)s
 )
-DELETE FROM webhook_deliveries d USING doomed WHERE d.id = doomed.id;
+DELETE FROM webhook_deliveries_default d USING doomed WHERE d.id = doomed.id;
 
 -- name: engine_prune_attempts
 SET LOCAL enable_seqscan = off;
 WITH doomed AS (
-    SELECT id FROM webhook_delivery_attempts
+    SELECT id FROM webhook_delivery_attempts_default
      WHERE started_at < now() - make_interval(secs => %(older_than)s)
      LIMIT %(batch)s
 )
-DELETE FROM webhook_delivery_attempts a USING doomed WHERE a.id = doomed.id;
+DELETE FROM webhook_delivery_attempts_default a USING doomed WHERE a.id = doomed.id;
+
+-- name: engine_prune_events
+-- Events the DEFAULT partition caught, past retention.events and no longer
+-- referred to by any delivery row (webhook_deliveries_event, per partition).
+WITH doomed AS (
+    SELECT e.workspace_id, e.id, e.day FROM events_default e
+     WHERE e.created_at < now() - make_interval(secs => %(older_than)s)
+       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                        WHERE d.event_id = e.id AND d.workspace_id = e.workspace_id AND d.event_day = e.day)
+     LIMIT %(batch)s
+)
+DELETE FROM events_default e USING doomed
+ WHERE e.workspace_id = doomed.workspace_id AND e.id = doomed.id AND e.day = doomed.day;
 
 -- name: engine_hold_stragglers
 -- Rows written `pending` for an endpoint after its pause, by a producer

@@ -294,29 +294,19 @@ CREATE OR REPLACE FUNCTION public.dispatcher_ensure_partitions(days_ahead intege
 AS $function$
 DECLARE
     parent text;
-    day date;
-    name text;
-    options text;
+    made text;
 BEGIN
     FOREACH parent IN ARRAY ARRAY['webhook_deliveries', 'webhook_delivery_attempts', 'events'] LOOP
-        -- HOT updates of the lease columns depend on the room fillfactor leaves (docs/claim.md).
-        options := CASE WHEN parent = 'webhook_deliveries' THEN ' WITH (fillfactor = 50)' ELSE '' END;
         IF to_regclass(parent || '_default') IS NULL THEN
-            EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF %I DEFAULT%s',
-                           parent || '_default', parent, options);
+            EXECUTE format('CREATE TABLE %I PARTITION OF %I DEFAULT%s', parent || '_default', parent,
+                           CASE WHEN parent = 'webhook_deliveries' THEN ' WITH (fillfactor = 50)' ELSE '' END);
             RETURN NEXT parent || '_default';
         END IF;
-        FOR day IN SELECT dispatcher_today() + n FROM generate_series(0, days_ahead) AS n LOOP
-            name := dispatcher_partition_name(parent, day);
-            CONTINUE WHEN to_regclass(name) IS NOT NULL;
-            IF parent = 'events' THEN
-                EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF events FOR VALUES FROM (%L) TO (%L)',
-                               name, to_char(day, 'YYYY-MM-DD'), to_char(day + 1, 'YYYY-MM-DD'));
-            ELSE
-                EXECUTE format('CREATE TABLE IF NOT EXISTS %I PARTITION OF %I FOR VALUES FROM (%s) TO (%s)%s',
-                               name, parent, dispatcher_first_id(day), dispatcher_first_id(day + 1), options);
+        FOR n IN 0 .. days_ahead LOOP
+            made := dispatcher_create_partition(parent, dispatcher_today() + n);
+            IF made IS NOT NULL THEN
+                RETURN NEXT made;
             END IF;
-            RETURN NEXT name;
         END LOOP;
     END LOOP;
 END;
@@ -389,6 +379,90 @@ AS $function$
        AND NOT EXISTS (SELECT 1 FROM webhook_deliveries o
                         WHERE o.event_id = d.event_id AND o.workspace_id = d.workspace_id
                           AND o.endpoint_id = d.endpoint_id AND o.id > d.id)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_create_partition(parent text, day date)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    name text := dispatcher_partition_name(parent, day);
+BEGIN
+    IF to_regclass(name) IS NOT NULL THEN
+        RETURN NULL;  -- no lock taken: CREATE ... PARTITION OF would lock the parent first
+    END IF;
+    IF parent = 'events' THEN
+        EXECUTE format('CREATE TABLE %I PARTITION OF events FOR VALUES FROM (%L) TO (%L)',
+                       name, to_char(day, 'YYYY-MM-DD'), to_char(day + 1, 'YYYY-MM-DD'));
+    ELSIF parent = 'webhook_deliveries' THEN
+        -- HOT updates of the lease columns depend on the room fillfactor leaves (docs/claim.md).
+        EXECUTE format('CREATE TABLE %I PARTITION OF webhook_deliveries FOR VALUES FROM (%s) TO (%s) '
+                       'WITH (fillfactor = 50)', name, dispatcher_first_id(day), dispatcher_first_id(day + 1));
+    ELSIF parent = 'webhook_delivery_attempts' THEN
+        EXECUTE format('CREATE TABLE %I PARTITION OF webhook_delivery_attempts FOR VALUES FROM (%s) TO (%s)',
+                       name, dispatcher_first_id(day), dispatcher_first_id(day + 1));
+    ELSE
+        RAISE EXCEPTION '% is not a partitioned table of the dispatcher', parent;
+    END IF;
+    RETURN name;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_partition_holds(part regclass, statuses text[])
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    found boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = ANY (%L::text[]))', part, statuses) INTO found;
+    RETURN found;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_drop_partition(parent text, name text)
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    bound text;
+    bounds text[];
+    busy boolean;
+BEGIN
+    SELECT pg_get_expr(c.relpartbound, c.oid) INTO bound
+      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = parent::regclass AND c.relname = name;
+    IF bound IS NULL THEN
+        RETURN format('%s is not a partition of %s', name, parent);
+    ELSIF bound = 'DEFAULT' THEN
+        RETURN 'the DEFAULT partition is never dropped';
+    END IF;
+    BEGIN
+        EXECUTE format('ALTER TABLE %I DETACH PARTITION %I', parent, name);
+        IF parent = 'webhook_deliveries' THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %1$I WHERE status = ''pending'') '
+                           'OR EXISTS (SELECT 1 FROM %1$I WHERE status = ''held'')', name) INTO busy;
+            IF busy THEN
+                RAISE EXCEPTION 'holds pending or held rows, which still owe a delivery';
+            END IF;
+        ELSIF parent = 'events' THEN
+            bounds := regexp_match(bound, 'FROM \(''?([^'')]*)''?\) TO \(''?([^'')]*)''?\)');
+            SELECT EXISTS (SELECT 1 FROM webhook_deliveries d
+                            WHERE d.event_day >= coalesce(nullif(bounds[1], 'MINVALUE')::date, '-infinity')
+                              AND d.event_day < coalesce(nullif(bounds[2], 'MAXVALUE')::date, 'infinity'))
+              INTO busy;
+            IF busy THEN
+                RAISE EXCEPTION 'delivery rows still refer to its events';
+            END IF;
+        END IF;
+        EXECUTE format('DROP TABLE %I', name);
+    EXCEPTION WHEN raise_exception THEN
+        RETURN SQLERRM;
+    END;
+    RETURN NULL;
+END;
 $function$;
 
 CREATE TABLE workspaces (

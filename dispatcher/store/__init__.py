@@ -9,8 +9,8 @@ each: ``store.engine`` the dispatcher's claim and result writes,
 ``store.endpoints`` endpoint state and changes, ``store.tokens`` API tokens,
 ``store.audit`` the audit log, ``store.rollout`` the rollout controls,
 ``store.operations`` heartbeats and status, ``store.notices`` breaker
-notices.  Every error leaves the store as a ``store.errors`` class.  Nothing
-outside this package runs SQL.
+notices, ``store.partitions`` the day partitions' upkeep.  Every error leaves
+the store as a ``store.errors`` class.  Nothing outside this package runs SQL.
 """
 
 from __future__ import annotations

@@ -351,6 +351,11 @@ class EngineStore:
     def __init__(self, conn: ManagedConnection) -> None:
         self._conn = conn
 
+    @property
+    def connection(self) -> ManagedConnection:
+        """The connection it runs on (the upkeep leader's partition store shares it)."""
+        return self._conn
+
     def claim(self, owner: str, limit: int, per_endpoint: int, busy: Sequence[int], after: int,
               lease: float, secret_grace: float = ROTATION_GRACE,
               refill: Sequence[tuple[int, int, bool]] = (), share: int | None = None,
@@ -556,14 +561,22 @@ class EngineStore:
             return int(cur.rowcount)
 
     def prune_deliveries(self, statuses: Sequence[str], older_than: float, batch: int) -> int:
-        """Delete up to ``batch`` finished rows created more than ``older_than`` seconds ago."""
+        """Delete up to ``batch`` finished rows of the DEFAULT partition created more than ``older_than``
+        seconds ago (day partitions are dropped whole)."""
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_prune_deliveries"],
                         {"statuses": list(statuses), "older_than": older_than, "batch": batch})
             return int(cur.rowcount)
 
     def prune_attempts(self, older_than: float, batch: int) -> int:
+        """The same for attempt history (DEFAULT partition only)."""
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_prune_attempts"], {"older_than": older_than, "batch": batch})
+            return int(cur.rowcount)
+
+    def prune_events(self, older_than: float, batch: int) -> int:
+        """The same for events no delivery row refers to any more (DEFAULT partition only)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_prune_events"], {"older_than": older_than, "batch": batch})
             return int(cur.rowcount)
 

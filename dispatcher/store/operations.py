@@ -18,6 +18,7 @@ from typing import Any
 from dispatcher.rules.health import BacklogFigures, BacklogRule, FleetFigures
 from dispatcher.store import QUERIES, Connection, query_rows, transaction
 from dispatcher.store.engine import ManagedConnection, backlog_figures
+from dispatcher.store.partitions import days_ahead
 
 
 class Presence:
@@ -80,14 +81,16 @@ def _fleet(conn: Connection, limits: Thresholds) -> FleetFigures:
                         stopped_how=row["stopped_how"], rows_waiting=bool(row["rows_waiting"]))
 
 
-def health_figures(conn: Connection, limits: Thresholds) -> tuple[BacklogFigures, FleetFigures]:
+def health_figures(conn: Connection, limits: Thresholds) -> tuple[BacklogFigures, FleetFigures, dict[str, int]]:
     """The figures ``dispatcher check`` judges: the backlog by the same query
-    as the upkeep leader's alert (engine_backlog), and the fleet's heartbeats."""
+    as the upkeep leader's alert (engine_backlog), the fleet's heartbeats, and
+    the days of partitions ahead of each partitioned table."""
     with transaction(conn):
         _begin(conn, limits.timeout)
         (row,) = query_rows(conn, "engine_backlog", {"row_age": limits.backlog.row_age,
                                                      "threshold": limits.backlog.rows})
-        return backlog_figures(row), _fleet(conn, limits)
+        fleet = _fleet(conn, limits)
+        return backlog_figures(row), fleet, days_ahead(conn)
 
 
 def region_status(conn: Connection, limits: Thresholds) -> dict[str, Any]:
@@ -110,4 +113,5 @@ def region_status(conn: Connection, limits: Thresholds) -> dict[str, Any]:
             "top_failing": query_rows(conn, "operations_top_failing"),
             "processes": processes,
             "last_stop": next(iter(query_rows(conn, "operations_last_stop", {"region": limits.region})), None),
+            "partitions_ahead": days_ahead(conn),
         }

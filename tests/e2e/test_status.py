@@ -22,7 +22,7 @@ UNREACHABLE_DSN = "host=127.0.0.1 port=1 dbname=nowhere user=postgres connect_ti
 FAST = {"workers": {"processes": 2, "status_interval": "200ms"},
         "alerts": {"check_interval": "200ms", "heartbeat_age": "2s", "leader_age": "2s"}}
 STATUS_KEYS = {"version", "region", "generated_at", "health", "pending", "backlog", "oldest_due", "statuses",
-               "breakers", "top_failing", "leader", "workers", "silent_processes", "last_stop"}
+               "breakers", "top_failing", "leader", "workers", "silent_processes", "last_stop", "partitions"}
 WORKER_KEYS = {"owner", "host", "pid", "started_at", "heartbeat_at", "heartbeat_age", "in_flight", "leader"}
 
 
