@@ -16,7 +16,7 @@ a. **claim**: 1,000 endpoints (100 workspaces x 10) and ``pending`` pending rows
    plan names and those it read; and the claim is measured once more without the
    window (the widest bounds), which is what the window saves.
 b. **one day's retention**: a day partition of ``day_rows`` delivered rows is
-   detached and dropped; the same rows in an unpartitioned copy of the table
+   detached and dropped by the upkeep's statement; the same rows in an unpartitioned copy of the table
    (``LIKE webhook_deliveries INCLUDING ALL``, fillfactor 50 like the legacy table)
    are deleted 5,000 per statement as ``engine_prune_deliveries`` does, then the
    VACUUM that makes their space reusable.  Seconds and WAL bytes of each
@@ -132,13 +132,10 @@ def _today(db: Database) -> date:
 
 
 def _ensure_day(db: Database, day: date) -> str:
-    """``day``'s deliveries partition (created like the upkeep creates one); its name."""
-    name = partition_name("webhook_deliveries", day)
-    start, end = day.isoformat(), (day + timedelta(days=1)).isoformat()
-    db.execute_autocommit(
-        f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF webhook_deliveries FOR VALUES "
-        f"FROM (dispatcher_first_id('{start}')) TO (dispatcher_first_id('{end}')) WITH (fillfactor = 50)")
-    return name
+    """``day``'s deliveries partition, created as the upkeep creates one (dispatcher_create_partition,
+    migration 0028: fillfactor 50); its name."""
+    db.query("SELECT dispatcher_create_partition('webhook_deliveries', %s)", (day,))
+    return partition_name("webhook_deliveries", day)
 
 
 # --------------------------------------------------------------------------- rows
@@ -381,19 +378,24 @@ def _create_copy(db: Database) -> None:
 
 
 def drop_day(db: Database, day: date) -> dict[str, Any]:
-    """Detach and drop ``day``'s partition as the upkeep does: seconds and WAL bytes."""
+    """Detach and drop ``day``'s partition with the upkeep's statement (``partitions_drop``: under a
+    lock_timeout, dispatcher_drop_partition checks under the lock that no pending or held row is left,
+    then drops): seconds and WAL bytes."""
     name = partition_name("webhook_deliveries", day)
     start = _wal(db)
     started = time.perf_counter()
     conn = db.connect()
     try:
         with conn, conn.cursor() as cur:
-            cur.execute("SET LOCAL lock_timeout = '5s'")
-            cur.execute(f"ALTER TABLE webhook_deliveries DETACH PARTITION {name}")
-            cur.execute(f"DROP TABLE {name}")
+            cur.execute(QUERIES["partitions_drop"], {"parent": "webhook_deliveries", "name": name,
+                                                     "lock_timeout": "5s"})
+            (kept,) = cur.fetchone()
     finally:
         conn.close()
-    return {"seconds": round(time.perf_counter() - started, 4), "wal_bytes": _wal_since(db, start)}
+    seconds = time.perf_counter() - started
+    if kept is not None:
+        raise RuntimeError(f"{name} was not dropped: {kept}")
+    return {"seconds": round(seconds, 4), "wal_bytes": _wal_since(db, start)}
 
 
 def delete_day(db: Database, day: date) -> dict[str, Any]:
