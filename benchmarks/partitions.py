@@ -41,6 +41,8 @@ Progress goes to stderr; the result (JSON) is printed by ``python -m benchmarks`
 from __future__ import annotations
 
 import calendar
+import os
+import shutil
 import statistics
 import sys
 import time
@@ -50,11 +52,13 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
 
-from benchmarks.harness import bench_database, insert_backlog, percentile
+import psycopg2
+
+from benchmarks.harness import bench_database, insert_backlog, percentile, server_dsn
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES
 from dispatcher.store.engine import EVERY_ID, AttemptRecord, ClaimWindow, EngineStore, ManagedConnection, slots_of
-from dispatcher_devtools.kit import Database, seed_endpoints
+from dispatcher_devtools.kit import Database, run_autocommit, seed_endpoints
 
 WORKSPACES = 100
 ENDPOINTS_PER_WORKSPACE = 10
@@ -97,7 +101,11 @@ def parse_count(text: str) -> int:
 
 
 def progress(message: str) -> None:
-    print(f"[partitions {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """A progress line on stderr; a reader that went away (a closed pipe) never stops the run."""
+    try:
+        print(f"[partitions {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 @contextmanager
@@ -580,6 +588,54 @@ def _part(label: str, measure: Any, sizes: Sizes) -> dict[str, Any]:
     return result
 
 
+# What a delivered row takes with its indexes in a day partition (fillfactor 50), measured at 5 M rows:
+# 3.28 GB.  The pre-flight check asks for this much per row of the largest outbox, and a tenth more.
+BYTES_PER_ROW = 660
+
+
+def _leftovers() -> list[str]:
+    """Databases of a killed run of this scenario (``bench_partitions_*_<pid>`` whose process is gone)."""
+    conn = psycopg2.connect(server_dsn())
+    try:
+        with conn.cursor() as cur:
+            cur.execute(r"SELECT datname FROM pg_database WHERE datname LIKE 'bench\_partitions\_%'")
+            names = [str(r[0]) for r in cur.fetchall()]
+    finally:
+        conn.close()
+    return [name for name in names if name.rsplit("_", 1)[-1].isdigit()
+            and not os.path.exists(f"/proc/{name.rsplit('_', 1)[-1]}")]
+
+
+def _data_directory() -> str | None:
+    """The server's data directory, if this session may read it (a superuser's)."""
+    conn = psycopg2.connect(server_dsn())
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW data_directory")
+            return str(cur.fetchone()[0])
+    except psycopg2.Error:
+        return None
+    finally:
+        conn.close()
+
+
+def preflight(sizes: Sizes) -> dict[str, Any]:
+    """Drop a killed run's databases, then refuse to start without room for the largest outbox (checked
+    when the server's data directory is on this machine)."""
+    for name in _leftovers():
+        progress(f"dropping {name}, left by a run that was killed")
+        run_autocommit(server_dsn(), f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    needed = int(max(sizes.totals) * BYTES_PER_ROW * 1.1)
+    directory = _data_directory()
+    if directory is None or not os.path.isdir(directory):
+        return {"needed_bytes": needed}
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise RuntimeError(f"{free / 2**30:.1f} GiB free under {directory}, and the largest outbox "
+                           f"({max(sizes.totals):,} rows) needs about {needed / 2**30:.1f} GiB")
+    return {"free_bytes": free, "needed_bytes": needed}
+
+
 def run(tiny: bool = False, pending: int | None = None, totals: Sequence[int] | None = None,
         day_rows: int | None = None, week_rows: int | None = None) -> dict[str, Any]:
     base = TINY if tiny else DEFAULT
@@ -589,11 +645,13 @@ def run(tiny: bool = False, pending: int | None = None, totals: Sequence[int] | 
         raise ValueError(f"every outbox size ({sizes.totals}) must exceed the pending rows ({sizes.pending})")
     progress(f"sizes: {sizes.pending:,} pending; outbox {', '.join(f'{t:,}' for t in sizes.totals)}; "
              f"{sizes.day_rows:,} rows in the day dropped; {sizes.week_rows:,} rows a day in the week")
+    disk = preflight(sizes)
     claim = _part("claim", claim_cost, sizes)
     retention = _part("retention", one_day_retention, sizes)
     week = _part("week", simulated_week, sizes)
     result: dict[str, Any] = {"sizes": {"pending": sizes.pending, "totals": list(sizes.totals),
                                         "day_rows": sizes.day_rows, "week_rows": sizes.week_rows},
+                              "disk": disk,
                               "claim": claim, "retention": retention, "week": week, "lost": 0}
     errors = [name for name, part in (("claim", claim), ("retention", retention), ("week", week)) if "error" in part]
     result["errors"] = errors
