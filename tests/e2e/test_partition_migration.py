@@ -41,7 +41,7 @@ from dispatcher_devtools.receiver import ReceiverProcess
 pytestmark = pytest.mark.timeout(300)
 
 # main when issue 25 began: its migrations stop at 0024.  Any commit of that schema would do.
-PREVIOUS_VERSION = "5e00090"
+PREVIOUS_VERSION = "5e0009033437cfddf0d840187f135b516ccfd3f0"
 LAST_LEGACY_MIGRATION = 24
 LEGACY_LIMIT = first_id(date(2020, 1, 2))  # 2^38: every id below it is a legacy sequence value
 ENDPOINTS = 3
@@ -64,9 +64,12 @@ def previous_version(tmp_path: Path) -> Path:
     if not has_history(REPO):
         pytest.skip("not a git checkout: the previous version's dispatcher cannot be extracted")
     try:
-        return export_revision(REPO, PREVIOUS_VERSION, tmp_path / "previous")
+        tree = export_revision(REPO, PREVIOUS_VERSION, tmp_path / "previous")
     except RevisionUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
+    shipped = sorted(path.name for path in (tree / "dispatcher" / "sql" / "migrations").glob("*.sql"))
+    assert shipped[-1].startswith(f"{LAST_LEGACY_MIGRATION:04d}_"), shipped[-1]
+    return tree
 
 
 def migrate_cli(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
