@@ -28,6 +28,7 @@ from benchmarks.harness import (
     bench_database,
     insert_backlog,
     percentile,
+    size_sql,
 )
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES
@@ -43,7 +44,7 @@ def _measure(db: Database, store: EngineStore, cursor: int, claims: int) -> tupl
     claim_s: list[float] = []
     record_s: list[float] = []
     rows_claimed = 0
-    window = store.claim_window()  # as the worker claims: only the partitions that can hold due rows
+    window = store.claim_window()  # as the worker claims: within the window of ids (docs/claim.md)
     for n in range(claims + 3):
         started = time.perf_counter()
         rows = store.claim("bench:backlog", 200, 4, [], cursor, 60.0, window=window)
@@ -82,7 +83,7 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT floor, ceiling FROM dispatcher_claim_window()")
-            floor, ceiling = cur.fetchone()
+            (floor, ceiling), = cur.fetchall()
             params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [],
                       "after": cursor, "lease": 60.0, "grace": ROTATION_GRACE, "refill": "[]",
                       "floor": floor, "ceiling": ceiling}
@@ -101,12 +102,14 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
                                    "error": None, "status_code": 200, "result": "delivered", "started_ago": 0.01,
                                    "duration_ms": 1, "excerpt": "", "endpoint_id": e} for i, t, e in claimed])
             # (rolled back below, like the claim: the backlog keeps its size)
-            record = {"results": results, "slots": "[]", "ids": [i for i, _, _ in claimed]}
             cur.execute("SAVEPOINT text_form")
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["engine_record"], record)
+            ids = "{" + ",".join(str(i) for i, _, _ in claimed) + "}"
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["engine_record"],
+                        {"results": results, "slots": "[]", "ids": ids})
             record_text = [r[0] for r in cur.fetchall()]
             cur.execute("ROLLBACK TO SAVEPOINT text_form")
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["engine_record"], record)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["engine_record"],
+                        {"results": results, "slots": "[]", "ids": ids})
             record_plan = cur.fetchone()[0][0]
         conn.rollback()
     finally:
@@ -146,10 +149,10 @@ def growth(sizes: list[int], payload_bytes: int = 1024) -> list[dict[str, Any]]:
             pending = int(db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'"))
             figures, cursor = _measure(db, store, cursor, CLAIMS)
             explain = _explain(db, cursor)
-            sizes_bytes = dict(db.query(  # each summed over its partitions
-                "SELECT c.relname, (SELECT sum(pg_relation_size(t.relid)) FROM pg_partition_tree(c.oid) t "
-                "WHERE t.isleaf) FROM pg_class c WHERE c.relname IN "
-                "('webhook_deliveries', 'webhook_deliveries_due', 'events')"))
+            sizes_bytes = dict(db.query(  # summed over the partitions (migration 0027)
+                f"SELECT 'webhook_deliveries', {size_sql('webhook_deliveries')} UNION ALL "
+                f"SELECT 'webhook_deliveries_due', {size_sql('webhook_deliveries_due')} UNION ALL "
+                f"SELECT 'events', {size_sql('events')}"))
             entry = {"size": size, "pending": pending, "seed_seconds": round(seeded_s, 1), **figures,
                      "explain": {"claim": explain["claim"], "record": explain["record"]},
                      "sizes_bytes": {k: int(v) for k, v in sizes_bytes.items()}}

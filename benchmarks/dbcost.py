@@ -45,7 +45,7 @@ def _delivered(rows: list[ClaimedRow]) -> list[AttemptRecord]:
 def _drain(store: EngineStore, cpu: Callable[[], float]) -> dict[str, float]:
     spent = {"claim": 0.0, "record": 0.0, "delivered": 0.0}
     cursor = 0
-    window = store.claim_window()  # as the worker claims: only the partitions that can hold due rows
+    window = store.claim_window()  # as the worker claims (docs/claim.md, "The claim's window")
     while True:
         before = cpu()
         rows = store.claim("bench:dbcost", 200, 4, [], cursor, 60.0, ROTATION_GRACE, window=window)
@@ -64,7 +64,7 @@ def _update_counts(db: Database, at_least: int) -> tuple[int, int]:
     deadline = time.monotonic() + 5.0
     while True:
         (updated, hot), = db.query("SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) "
-                                   f"FROM pg_stat_user_tables WHERE relid IN {leaves('webhook_deliveries')}")
+                                   f"FROM pg_stat_user_tables WHERE relid IN ({leaves('webhook_deliveries')})")
         if updated >= at_least or time.monotonic() > deadline:
             return int(updated), int(hot)
         time.sleep(0.1)

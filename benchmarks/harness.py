@@ -130,12 +130,24 @@ def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, f
     return int(cur.rowcount)
 
 
-# The outbox is partitioned by day (migration 0027): a partitioned table and its indexes have no
-# storage and no counters of their own, so every figure below is its partitions' (its leaves'), summed.
-# pg_partition_tree of a plain table is the table itself: the same queries read the legacy schema.
+# The outbox is partitioned by day (migration 0027): a partitioned table or index has no storage or
+# counters of its own, so its figures are the sums over its leaf partitions (a plain table is its own leaf).
 def leaves(relation: str) -> str:
-    """SQL for the storage-bearing relations (partitions) of ``relation``, a table or an index."""
-    return f"(SELECT relid FROM pg_partition_tree('{relation}') WHERE isleaf)"
+    """SQL for the oids of ``relation``'s leaf partitions (a table or an index; a literal name)."""
+    return f"SELECT relid FROM pg_partition_tree('{relation}') WHERE isleaf"
+
+
+def size_sql(relation: str) -> str:
+    """SQL for the bytes of ``relation``'s main forks, its leaf partitions' summed."""
+    return (f"(SELECT coalesce(sum(pg_relation_size(relid)), 0)::bigint FROM pg_partition_tree('{relation}')"
+            " WHERE isleaf)")
+
+
+OUTBOX_COUNTERS = f"""
+    SELECT sum(n_live_tup)::bigint, sum(n_dead_tup)::bigint, sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint,
+           sum(n_tup_hot_upd)::bigint, sum(n_tup_del)::bigint, sum(autovacuum_count)::bigint,
+           sum(vacuum_count)::bigint, sum(autoanalyze_count)::bigint
+      FROM pg_stat_user_tables WHERE relid IN ({leaves('webhook_deliveries')})"""
 
 
 def outbox_stats(db: Database) -> dict[str, Any]:
@@ -144,14 +156,11 @@ def outbox_stats(db: Database) -> dict[str, Any]:
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_stat_force_next_flush()")
-            cur.execute(
-                f"""SELECT sum(n_live_tup), sum(n_dead_tup), sum(n_tup_ins), sum(n_tup_upd), sum(n_tup_hot_upd),
-                           sum(n_tup_del), sum(autovacuum_count), sum(vacuum_count), sum(autoanalyze_count),
-                           extract(epoch FROM now() - max(last_autovacuum))::float8
-                      FROM pg_stat_user_tables WHERE relid IN {leaves('webhook_deliveries')}""")
-            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze, since_autovac) = \
-                [None if value is None else value if isinstance(value, float) else int(value)
-                 for value in cur.fetchone()]
+            cur.execute(OUTBOX_COUNTERS)
+            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze) = cur.fetchone()
+            cur.execute(f"""SELECT extract(epoch FROM now() - max(last_autovacuum))::float8 FROM pg_stat_user_tables
+                             WHERE relid IN ({leaves('webhook_deliveries')})""")
+            (since_autovac,) = cur.fetchone()
             cur.execute(
                 """SELECT c.relname, (SELECT coalesce(sum(pg_relation_size(t.relid)), 0)
                                         FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
@@ -161,8 +170,8 @@ def outbox_stats(db: Database) -> dict[str, Any]:
                                      WHERE indrelid = 'webhook_deliveries'::regclass)
                     ORDER BY c.relname""")
             sizes = {name: int(size) for name, size in cur.fetchall()}
-            cur.execute(f"SELECT coalesce(sum(pg_total_relation_size(relid)), 0) "
-                        f"FROM {leaves('webhook_delivery_attempts')} AS t(relid)")
+            cur.execute("""SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
+                             FROM pg_partition_tree('webhook_delivery_attempts') WHERE isleaf""")
             attempts_size = int(cur.fetchone()[0])
     finally:
         conn.close()
@@ -181,8 +190,7 @@ def wal_lsn(db: Database) -> int:
 
 
 def bloat(db: Database) -> dict[str, Any]:
-    """pgstattuple of the outbox heap and pgstatindex of its claim index (exact, not estimates),
-    each summed over the partitions."""
+    """pgstattuple of the outbox heap and pgstatindex of its claim index (exact, not estimates)."""
     conn = db.connect(autocommit=True)
     try:
         with conn.cursor() as cur:
@@ -190,23 +198,23 @@ def bloat(db: Database) -> dict[str, Any]:
                 cur.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
             except psycopg2.Error as exc:  # e.g. a server built without contrib
                 return {"unavailable": (str(exc).strip().splitlines() or ["pgstattuple missing"])[0]}
+            # Summed over the partitions (a partitioned table has no pages of its own).
             cur.execute(f"""SELECT sum(s.table_len), sum(s.tuple_count), sum(s.dead_tuple_count),
-                                   sum(s.dead_tuple_len), sum(s.free_space)
-                              FROM {leaves('webhook_deliveries')} AS t(relid), pgstattuple(t.relid) s""")
-            table_len, tuples, dead, dead_len, free = (int(v or 0) for v in cur.fetchone())
+                                   coalesce(100.0 * sum(s.dead_tuple_len) / nullif(sum(s.table_len), 0), 0),
+                                   coalesce(100.0 * sum(s.free_space) / nullif(sum(s.table_len), 0), 0)
+                              FROM ({leaves('webhook_deliveries')}) t CROSS JOIN LATERAL pgstattuple(t.relid) s""")
+            table_len, tuples, dead, dead_pct, free_pct = cur.fetchone()
             cur.execute(f"""SELECT sum(s.index_size), sum(s.leaf_pages), sum(s.deleted_pages),
-                                   sum(s.avg_leaf_density * s.leaf_pages) FILTER (WHERE s.leaf_pages > 0)
-                              FROM {leaves('webhook_deliveries_due')} AS t(relid), pgstatindex(t.relid) s""")
-            index_size, leaf_pages, deleted_pages, density_pages = cur.fetchone()
+                                   coalesce(sum(s.avg_leaf_density * s.leaf_pages) FILTER (WHERE s.leaf_pages > 0)
+                                            / nullif(sum(s.leaf_pages) FILTER (WHERE s.leaf_pages > 0), 0), 0)
+                              FROM ({leaves('webhook_deliveries_due')}) t CROSS JOIN LATERAL pgstatindex(t.relid) s""")
+            index_size, leaf_pages, deleted_pages, density = cur.fetchone()
     finally:
         conn.close()
-    leaf_pages = int(leaf_pages or 0)
-    return {"heap_bytes": table_len, "live_tuples": tuples, "dead_tuples": dead,
-            "dead_tuple_percent": round(100.0 * dead_len / table_len, 2) if table_len else 0.0,
-            "free_percent": round(100.0 * free / table_len, 2) if table_len else 0.0,
-            "due_index_bytes": int(index_size or 0), "due_index_leaf_pages": leaf_pages,
-            "due_index_deleted_pages": int(deleted_pages or 0),
-            "due_index_leaf_density_percent": round(float(density_pages) / leaf_pages, 2) if leaf_pages else None}
+    return {"heap_bytes": int(table_len), "live_tuples": int(tuples), "dead_tuples": int(dead),
+            "dead_tuple_percent": float(dead_pct), "free_percent": float(free_pct),
+            "due_index_bytes": int(index_size), "due_index_leaf_pages": int(leaf_pages),
+            "due_index_deleted_pages": int(deleted_pages), "due_index_leaf_density_percent": float(density)}
 
 
 def timed_vacuum(db: Database) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from benchmarks.harness import (
     leaves,
     load_average,
     outbox_stats,
+    size_sql,
     timed_vacuum,
     wal_lsn,
 )
@@ -202,11 +203,11 @@ def _sample_outbox(db: Database, started: float, timeline: list[dict[str, Any]],
     try:
         with conn.cursor() as cur:
             while not stop.wait(1.0):
+                # Sums over the outbox's partitions (migration 0027).
                 cur.execute(f"""SELECT sum(n_live_tup), sum(n_dead_tup), sum(autovacuum_count),
-                                       sum(pg_relation_size(relid)),
-                                       (SELECT sum(pg_relation_size(relid)) FROM {leaves('webhook_deliveries_due')} i)
-                                  FROM pg_stat_user_tables WHERE relid IN {leaves('webhook_deliveries')}""")
-                live, dead, autovac, heap, due = (int(v or 0) for v in cur.fetchone())
+                                       {size_sql('webhook_deliveries')}, {size_sql('webhook_deliveries_due')}
+                                  FROM pg_stat_user_tables WHERE relid IN ({leaves('webhook_deliveries')})""")
+                live, dead, autovac, heap, due = cur.fetchone()
                 timeline.append({"t": round(time.time() - started, 1), "live": live, "dead": dead,
                                  "autovacuums": autovac, "heap_mb": round(heap / 2**20, 1),
                                  "due_index_mb": round(due / 2**20, 2)})
