@@ -25,8 +25,12 @@
 -- at once.  Waiting for it behind a long transaction would queue every
 -- producer and worker behind this migration, so it gives up after
 -- lock_timeout: nothing of it is then applied, and `dispatcher migrate` is run again.
+-- In the producer's order (dispatcher_send_event writes events, then
+-- webhook_deliveries): a send holding events waits for nothing of ours and
+-- commits, then we go on; taken the other way round, it waited for
+-- webhook_deliveries while we waited for events, a deadlock that failed it.
 SET LOCAL lock_timeout = '2s';
-LOCK TABLE webhook_deliveries, webhook_delivery_attempts, events IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE events, webhook_deliveries, webhook_delivery_attempts IN ACCESS EXCLUSIVE MODE;
 
 -- webhook_deliveries -------------------------------------------------------
 
