@@ -186,7 +186,7 @@ def test_a_database_with_rows_of_0024_migrates_keeping_every_row_id_and_lease(
 
     conn = empty_db.connect()
     try:
-        assert store.migrate(conn) == [25, 26, 27]
+        assert store.migrate(conn) == [m.version for m in shipped if m.version > 24]  # 0025-0027, and after
     finally:
         conn.close()
 
