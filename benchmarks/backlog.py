@@ -28,6 +28,7 @@ from benchmarks.harness import (
     bench_database,
     insert_backlog,
     percentile,
+    size_sql,
 )
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES
@@ -43,9 +44,10 @@ def _measure(db: Database, store: EngineStore, cursor: int, claims: int) -> tupl
     claim_s: list[float] = []
     record_s: list[float] = []
     rows_claimed = 0
+    window = store.claim_window()  # as the worker claims: within the window of ids (docs/claim.md)
     for n in range(claims + 3):
         started = time.perf_counter()
-        rows = store.claim("bench:backlog", 200, 4, [], cursor, 60.0)
+        rows = store.claim("bench:backlog", 200, 4, [], cursor, 60.0, window=window)
         claimed = time.perf_counter()
         if not rows:
             break
@@ -80,8 +82,11 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
+            cur.execute("SELECT floor, ceiling FROM dispatcher_claim_window()")
+            (floor, ceiling), = cur.fetchall()
             params = {"owner": "bench:explain", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [],
-                      "after": cursor, "lease": 60.0, "grace": ROTATION_GRACE, "refill": "[]"}
+                      "after": cursor, "lease": 60.0, "grace": ROTATION_GRACE, "refill": "[]",
+                      "floor": floor, "ceiling": ceiling}
             # Each statement runs twice: as text inside a savepoint that is
             # rolled back, then as JSON for real (the record needs the claim).
             cur.execute("SAVEPOINT text_form")
@@ -98,11 +103,13 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
                                    "duration_ms": 1, "excerpt": "", "endpoint_id": e} for i, t, e in claimed])
             # (rolled back below, like the claim: the backlog keeps its size)
             cur.execute("SAVEPOINT text_form")
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["engine_record"], {"results": results, "slots": "[]"})
+            ids = "{" + ",".join(str(i) for i, _, _ in claimed) + "}"
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + QUERIES["engine_record"],
+                        {"results": results, "slots": "[]", "ids": ids})
             record_text = [r[0] for r in cur.fetchall()]
             cur.execute("ROLLBACK TO SAVEPOINT text_form")
             cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["engine_record"],
-                        {"results": results, "slots": "[]"})
+                        {"results": results, "slots": "[]", "ids": ids})
             record_plan = cur.fetchone()[0][0]
         conn.rollback()
     finally:
@@ -142,9 +149,10 @@ def growth(sizes: list[int], payload_bytes: int = 1024) -> list[dict[str, Any]]:
             pending = int(db.scalar("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'"))
             figures, cursor = _measure(db, store, cursor, CLAIMS)
             explain = _explain(db, cursor)
-            sizes_bytes = dict(db.query(
-                "SELECT relname, pg_relation_size(oid) FROM pg_class WHERE relname IN "
-                "('webhook_deliveries', 'webhook_deliveries_due', 'events')"))
+            sizes_bytes = dict(db.query(  # summed over the partitions (migration 0027)
+                f"SELECT 'webhook_deliveries', {size_sql('webhook_deliveries')} UNION ALL "
+                f"SELECT 'webhook_deliveries_due', {size_sql('webhook_deliveries_due')} UNION ALL "
+                f"SELECT 'events', {size_sql('events')}"))
             entry = {"size": size, "pending": pending, "seed_seconds": round(seeded_s, 1), **figures,
                      "explain": {"claim": explain["claim"], "record": explain["record"]},
                      "sizes_bytes": {k: int(v) for k, v in sizes_bytes.items()}}

@@ -23,7 +23,9 @@ from dispatcher_devtools.kit.configs import BENCH_SETTINGS_ENV
 
 SCENARIOS: tuple[str, ...] = ("ceiling", "throughput", "sustained", "isolation", "producer", "outage", "backlog",
                                "tls", "failover", "internet", "scaleout", "peer", "dbcost", "hot", "fairness",
-                               "tracing")
+                               "tracing", "partitions")
+# Run only when named (or with --tiny): at its default sizes ``partitions`` writes 50 M rows (an hour, tens of GB).
+ON_REQUEST: tuple[str, ...] = ("partitions",)
 
 
 def _runner(name: str) -> Callable[..., dict[str, Any]]:
@@ -34,7 +36,8 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
                  context: dict[str, Any] | None = None, max_per_second: float | None = None,
                  duration: float | None = None, max_in_flight: int | None = None, receiver: str = "mock",
-                 rounds: int = 1, events: int | None = None) -> dict[str, Any]:
+                 rounds: int = 1, events: int | None = None,
+                 partition_sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
     kwargs: dict[str, Any] = {"tiny": tiny}
@@ -59,6 +62,8 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
         kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
     if name == "backlog":
         kwargs["throughput_outbox"] = context.get("throughput_outbox")
+    if name == "partitions":
+        kwargs.update(partition_sizes or {})
     started = time.monotonic()
     load = load_average()
     try:
@@ -127,10 +132,23 @@ def settings_overrides(assignments: Sequence[str]) -> dict[str, Any]:
     return overrides
 
 
+def _count(text: str) -> int:
+    from benchmarks.partitions import parse_count
+
+    try:
+        return parse_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _counts(text: str) -> list[int]:
+    return [_count(part) for part in text.split(",") if part.strip()] or [_count(text)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", action="append", choices=SCENARIOS,
-                        help="run only this scenario (repeatable); default: all, in table order")
+                        help="run only this scenario (repeatable); default: all but partitions, in table order")
     parser.add_argument("--json", action="store_true", help="one compact JSON object per line")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes (the smoke test); figures mean nothing")
     parser.add_argument("--client", choices=("urllib3", "geventhttpclient"),
@@ -152,6 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the peer's tunings (default: 1)")
     parser.add_argument("--events", type=int, default=None,
                         help="tracing: events per drain (default 2,000, a tenth of W1; 20000 is W1's size)")
+    parser.add_argument("--partitions-pending", type=_count, default=None, metavar="ROWS",
+                        help="partitions: pending rows in today's partition (default 100k; 1M, 2_000_000 work)")
+    parser.add_argument("--partitions-totals", type=_counts, default=None, metavar="ROWS,ROWS",
+                        help="partitions: the outbox sizes the claim is measured at (default 10M,50M)")
+    parser.add_argument("--partitions-day-rows", type=_count, default=None, metavar="ROWS",
+                        help="partitions: rows in the day partition dropped vs deleted (default 1M)")
+    parser.add_argument("--partitions-week-rows", type=_count, default=None, metavar="ROWS",
+                        help="partitions: rows a day in the simulated week, 10 days kept 7 (default 500k)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a dispatcher setting for every scenario's engine, applied last (repeatable), "
                              "e.g. --set workers.lane_hold=false: the before of a before/after")
@@ -168,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--events must be a positive number")
     if args.duration is not None and args.duration <= 0:
         parser.error("--duration must be a positive number of seconds")
-    names = args.scenario or list(SCENARIOS)
+    names = args.scenario or [name for name in SCENARIOS if args.tiny or name not in ON_REQUEST]
     if args.machine:
         print(json.dumps({"machine": machine()}))
     context: dict[str, Any] = {}
@@ -177,7 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
                               max_per_second=args.max_per_second, duration=args.duration,
                               max_in_flight=args.max_in_flight, receiver=args.receiver, rounds=args.rounds,
-                              events=args.events)
+                              events=args.events,
+                              partition_sizes={"pending": args.partitions_pending, "totals": args.partitions_totals,
+                                               "day_rows": args.partitions_day_rows,
+                                               "week_rows": args.partitions_week_rows})
         results.append(result)
         print(json.dumps(result, default=str) if args.json else json.dumps(result, indent=2, default=str),
               flush=True)

@@ -130,27 +130,48 @@ def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, f
     return int(cur.rowcount)
 
 
+# The outbox is partitioned by day (migration 0027): a partitioned table or index has no storage or
+# counters of its own, so its figures are the sums over its leaf partitions (a plain table is its own leaf).
+def leaves(relation: str) -> str:
+    """SQL for the oids of ``relation``'s leaf partitions (a table or an index; a literal name)."""
+    return f"SELECT relid FROM pg_partition_tree('{relation}') WHERE isleaf"
+
+
+def size_sql(relation: str) -> str:
+    """SQL for the bytes of ``relation``'s main forks, its leaf partitions' summed."""
+    return (f"(SELECT coalesce(sum(pg_relation_size(relid)), 0)::bigint FROM pg_partition_tree('{relation}')"
+            " WHERE isleaf)")
+
+
+OUTBOX_COUNTERS = f"""
+    SELECT sum(n_live_tup)::bigint, sum(n_dead_tup)::bigint, sum(n_tup_ins)::bigint, sum(n_tup_upd)::bigint,
+           sum(n_tup_hot_upd)::bigint, sum(n_tup_del)::bigint, sum(autovacuum_count)::bigint,
+           sum(vacuum_count)::bigint, sum(autoanalyze_count)::bigint
+      FROM pg_stat_user_tables WHERE relid IN ({leaves('webhook_deliveries')})"""
+
+
 def outbox_stats(db: Database) -> dict[str, Any]:
     """Tuple counters, autovacuum activity and sizes of the outbox and its indexes."""
     conn = db.connect(autocommit=True)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_stat_force_next_flush()")
+            cur.execute(OUTBOX_COUNTERS)
+            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze) = cur.fetchone()
+            cur.execute(f"""SELECT extract(epoch FROM now() - max(last_autovacuum))::float8 FROM pg_stat_user_tables
+                             WHERE relid IN ({leaves('webhook_deliveries')})""")
+            (since_autovac,) = cur.fetchone()
             cur.execute(
-                """SELECT n_live_tup, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del,
-                          autovacuum_count, vacuum_count, autoanalyze_count,
-                          extract(epoch FROM now() - last_autovacuum)::float8
-                     FROM pg_stat_user_tables WHERE relname = 'webhook_deliveries'""")
-            (live, dead, ins, upd, hot, dele, autovac, vac, autoanalyze, since_autovac) = cur.fetchone()
-            cur.execute(
-                """SELECT c.relname, pg_relation_size(c.oid)
+                """SELECT c.relname, (SELECT coalesce(sum(pg_relation_size(t.relid)), 0)
+                                        FROM pg_partition_tree(c.oid) t WHERE t.isleaf)
                      FROM pg_class c
                     WHERE c.relname = 'webhook_deliveries'
                        OR c.oid IN (SELECT indexrelid FROM pg_index
                                      WHERE indrelid = 'webhook_deliveries'::regclass)
                     ORDER BY c.relname""")
             sizes = {name: int(size) for name, size in cur.fetchall()}
-            cur.execute("SELECT pg_total_relation_size('webhook_delivery_attempts')")
+            cur.execute("""SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
+                             FROM pg_partition_tree('webhook_delivery_attempts') WHERE isleaf""")
             attempts_size = int(cur.fetchone()[0])
     finally:
         conn.close()
@@ -177,11 +198,16 @@ def bloat(db: Database) -> dict[str, Any]:
                 cur.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
             except psycopg2.Error as exc:  # e.g. a server built without contrib
                 return {"unavailable": (str(exc).strip().splitlines() or ["pgstattuple missing"])[0]}
-            cur.execute("""SELECT table_len, tuple_count, dead_tuple_count, dead_tuple_percent, free_percent
-                             FROM pgstattuple('webhook_deliveries')""")
+            # Summed over the partitions (a partitioned table has no pages of its own).
+            cur.execute(f"""SELECT sum(s.table_len), sum(s.tuple_count), sum(s.dead_tuple_count),
+                                   coalesce(100.0 * sum(s.dead_tuple_len) / nullif(sum(s.table_len), 0), 0),
+                                   coalesce(100.0 * sum(s.free_space) / nullif(sum(s.table_len), 0), 0)
+                              FROM ({leaves('webhook_deliveries')}) t CROSS JOIN LATERAL pgstattuple(t.relid) s""")
             table_len, tuples, dead, dead_pct, free_pct = cur.fetchone()
-            cur.execute("""SELECT index_size, leaf_pages, deleted_pages, avg_leaf_density
-                             FROM pgstatindex('webhook_deliveries_due')""")
+            cur.execute(f"""SELECT sum(s.index_size), sum(s.leaf_pages), sum(s.deleted_pages),
+                                   coalesce(sum(s.avg_leaf_density * s.leaf_pages) FILTER (WHERE s.leaf_pages > 0)
+                                            / nullif(sum(s.leaf_pages) FILTER (WHERE s.leaf_pages > 0), 0), 0)
+                              FROM ({leaves('webhook_deliveries_due')}) t CROSS JOIN LATERAL pgstatindex(t.relid) s""")
             index_size, leaf_pages, deleted_pages, density = cur.fetchone()
     finally:
         conn.close()

@@ -26,8 +26,10 @@ from benchmarks.harness import (
     cpu_split,
     engine_setup,
     insert_backlog,
+    leaves,
     load_average,
     outbox_stats,
+    size_sql,
     timed_vacuum,
     wal_lsn,
 )
@@ -201,9 +203,10 @@ def _sample_outbox(db: Database, started: float, timeline: list[dict[str, Any]],
     try:
         with conn.cursor() as cur:
             while not stop.wait(1.0):
-                cur.execute("""SELECT n_live_tup, n_dead_tup, autovacuum_count, pg_relation_size('webhook_deliveries'),
-                                      pg_relation_size('webhook_deliveries_due')
-                                 FROM pg_stat_user_tables WHERE relname = 'webhook_deliveries'""")
+                # Sums over the outbox's partitions (migration 0027).
+                cur.execute(f"""SELECT sum(n_live_tup), sum(n_dead_tup), sum(autovacuum_count),
+                                       {size_sql('webhook_deliveries')}, {size_sql('webhook_deliveries_due')}
+                                  FROM pg_stat_user_tables WHERE relid IN ({leaves('webhook_deliveries')})""")
                 live, dead, autovac, heap, due = cur.fetchone()
                 timeline.append({"t": round(time.time() - started, 1), "live": live, "dead": dead,
                                  "autovacuums": autovac, "heap_mb": round(heap / 2**20, 1),

@@ -213,12 +213,23 @@ def indexes(conn: Connection) -> list[str]:
          ORDER BY i.indexrelid""", (SCHEMA, list(LEFT_OUT)))]
 
 
-def functions(conn: Connection) -> list[str]:
-    return [f"{definition.rstrip()};" for (definition,) in rows(conn, """
-        SELECT pg_get_functiondef(p.oid) FROM pg_proc p
+def functions(conn: Connection) -> tuple[list[str], list[str]]:
+    """Functions in creation order: those a table may call (a column default), and those
+    whose arguments or result name a table's row type, which must wait for the tables."""
+    before: list[str] = []
+    after: list[str] = []
+    for definition, row_typed in rows(conn, """
+        SELECT pg_get_functiondef(p.oid),
+               EXISTS (SELECT 1 FROM unnest(coalesce(p.proallargtypes, p.proargtypes::oid[]) || p.prorettype) a(t)
+                         JOIN pg_type ty ON ty.oid = a.t
+                         LEFT JOIN pg_type elem ON elem.oid = ty.typelem
+                        WHERE ty.typrelid <> 0 OR coalesce(elem.typrelid, 0) <> 0)
+          FROM pg_proc p
          WHERE p.pronamespace = %s::regnamespace AND p.prokind IN ('f', 'p')
            AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')
-         ORDER BY p.oid""", (SCHEMA,))]
+         ORDER BY p.oid""", (SCHEMA,)):
+        (after if row_typed else before).append(f"{definition.rstrip()};")
+    return before, after
 
 
 def views(conn: Connection) -> list[str]:
@@ -279,7 +290,8 @@ def render(conn: Connection) -> str:
     """The whole schema, in an order that loads: sequences, functions (a
     column default may call one; their bodies are not checked), tables, what
     must wait for all the tables (some constraints, sequence ownership),
-    indexes, views, triggers, comments."""
+    indexes, functions that take or return a table's row type, views,
+    triggers, comments."""
     serials = serial_columns(conn)
     created_sequences, ownerships = sequences(conn, serials)
     created: set[str] = set()
@@ -289,8 +301,9 @@ def render(conn: Connection) -> str:
         created.add(table.name)
         table_statements.append(statement)
         deferred += later
-    sections = [created_sequences, functions(conn), table_statements, deferred + ownerships, indexes(conn),
-                views(conn), triggers(conn), comments(conn)]
+    plain_functions, row_typed_functions = functions(conn)
+    sections = [created_sequences, plain_functions, table_statements, deferred + ownerships, indexes(conn),
+                row_typed_functions, views(conn), triggers(conn), comments(conn)]
     body = "\n\n".join("\n\n".join(section) for section in sections if section)
     return f"{HEADER}\n{body}\n"
 

@@ -40,6 +40,12 @@ def _event_types(text: str) -> list[str]:
     return types
 
 
+def _migration_version(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a migration number (e.g. 25 for 0025_partition_prepare)")
+    return int(text)
+
+
 def _per_second(text: str) -> float:
     try:
         value = float(text)
@@ -58,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also show other libraries' INFO logs (e.g. the embedded Postgres' start-up)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("run", help="start the supervisor and its workers (the default)")
-    commands.add_parser("migrate", help="apply pending schema migrations")
+    migrate = commands.add_parser("migrate", help="apply pending schema migrations")
+    migrate.add_argument("--up-to", type=_migration_version, default=None, metavar="VERSION",
+                         help="apply only the pending migrations numbered up to VERSION (a region migrated in steps: "
+                              "docs/operations.md)")
     commands.add_parser("api", help="serve the delivery history / replay HTTP API and console")
     workspace = commands.add_parser("workspace", help="manage workspaces").add_subparsers(dest="action", required=True)
     create = workspace.add_parser("create", help="create a workspace (or update its flags)")
@@ -115,7 +124,7 @@ def _connect(config: Config) -> store.Connection:
 
 def cmd_migrate(config: Config, args: argparse.Namespace) -> int:
     conn = _connect(config)
-    applied = store.migrate(conn)
+    applied = store.migrate(conn, up_to=args.up_to)
     print(f"migrated: applied {len(applied)} migration(s)" + (f" {applied}" if applied else ", schema up to date"))
     return ExitCode.OK
 

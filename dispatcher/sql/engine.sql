@@ -198,27 +198,25 @@ WITH RECURSIVE token AS (
      GROUP BY endpoint_id, claim_token
 ), claimed_events AS MATERIALIZED (
     -- The event, endpoint and workspace of the claimed rows are fetched by
-    -- primary key (an event's is (workspace_id, id): ids are unique per
-    -- workspace, migration 0009), once per distinct key of the claim (an
-    -- event fanned out to ten endpoints is one lookup, a workspace's fifty
-    -- rows one), each a NULL when the row is gone, as a LEFT JOIN would give.
-    -- Written as joins to the tables, the planner would hash-join the whole
-    -- events table whenever its statistics say it is small -- a fresh or newly
-    -- analysed table, or a cached generic plan -- and every claim then paid a
-    -- scan of the events table (seen in the isolation benchmark: 12 ms per
-    -- claim at 30k events).  MATERIALIZED keeps each lookup to one call per
-    -- key; the joins below are between these small sets only.
-    -- The event is looked up in its day's partition (event_day, 0027); a row
-    -- whose event_day is not its event's day (written by an older release or
-    -- an outside tool, which default it to today) finds it by the key's
-    -- prefix in every partition instead, as before 0027: never "event gone".
-    SELECT k.workspace_id, k.event_id, k.event_day,
-           coalesce((SELECT ev FROM events ev
-                      WHERE ev.workspace_id = k.workspace_id AND ev.id = k.event_id AND ev.day = k.event_day),
-                    (SELECT ev FROM events ev
-                      WHERE ev.workspace_id = k.workspace_id AND ev.id = k.event_id
-                      ORDER BY ev.day DESC LIMIT 1)) AS ev
-      FROM (SELECT DISTINCT workspace_id, event_id, event_day FROM claimed) k
+    -- primary key (an event's is (workspace_id, id, day): ids are unique per
+    -- workspace, migration 0009, and its partition is its day, 0027), once per
+    -- distinct key of the claim (an event fanned out to ten endpoints is one
+    -- lookup, a workspace's fifty rows one), each a NULL when the row is gone,
+    -- as a LEFT JOIN would give.  Written as joins to the tables, the planner
+    -- would hash-join the whole events table whenever its statistics say it is
+    -- small -- a fresh or newly analysed table, or a cached generic plan -- and
+    -- every claim then paid a scan of the events table (seen in the isolation
+    -- benchmark: 12 ms per claim at 30k events).  The events come from
+    -- dispatcher_claim_events (0027), which reads only the partitions of the
+    -- claimed rows' days and finds a row's event even when its event_day is
+    -- wrong.  MATERIALIZED keeps each lookup to one call per key; the joins
+    -- below are between these small sets only.
+    SELECT f.workspace_id, f.event_id, f.event_day, f.ev
+      FROM (SELECT array_agg(k.workspace_id) AS workspace_ids, array_agg(k.event_id) AS event_ids,
+                   array_agg(k.event_day) AS days
+              FROM (SELECT DISTINCT workspace_id, event_id, event_day FROM claimed) k) keys
+     CROSS JOIN LATERAL dispatcher_claim_events(keys.workspace_ids, keys.event_ids, keys.days) f
+     WHERE keys.event_ids IS NOT NULL
 ), claimed_workspaces AS MATERIALIZED (
     SELECT k.workspace_id, (SELECT ws FROM workspaces ws WHERE ws.id = k.workspace_id) AS ws
       FROM (SELECT DISTINCT workspace_id FROM claimed) k

@@ -322,9 +322,10 @@ DECLARE
     pending boolean;
     overflow regclass;
     lowest bigint;
+    due_by timestamptz := now() + interval '1 minute';
 BEGIN
     floor := dispatcher_first_id(dispatcher_today());
-    ceiling := dispatcher_first_id(dispatcher_today() + 2);
+    ceiling := dispatcher_first_id(((now() + interval '10 minutes') AT TIME ZONE 'UTC')::date + 1);
     FOR part IN
         SELECT b.rel, b.lower
           FROM (SELECT c.oid::regclass AS rel,
@@ -339,7 +340,8 @@ BEGIN
          WHERE b.lower < floor
          ORDER BY b.lower
     LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = %L)', part.rel, 'pending') INTO pending;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = %L AND next_attempt_at <= $1)',
+                       part.rel, 'pending') INTO pending USING due_by;
         IF pending THEN
             floor := part.lower;
             EXIT;
@@ -348,7 +350,8 @@ BEGIN
     SELECT p.partdefid::regclass INTO overflow
       FROM pg_partitioned_table p WHERE p.partrelid = 'webhook_deliveries'::regclass AND p.partdefid <> 0;
     IF overflow IS NOT NULL THEN
-        EXECUTE format('SELECT min(id) FROM %s WHERE status = %L', overflow, 'pending') INTO lowest;
+        EXECUTE format('SELECT min(id) FROM %s WHERE status = %L AND next_attempt_at <= $1', overflow, 'pending')
+           INTO lowest USING due_by;
         floor := least(floor, lowest);
     END IF;
     RETURN NEXT;
@@ -858,5 +861,36 @@ CREATE INDEX webhook_delivery_attempts_delivery ON public.webhook_delivery_attem
 CREATE INDEX webhook_delivery_attempts_started_brin ON public.webhook_delivery_attempts USING brin (started_at);
 
 CREATE INDEX webhook_delivery_attempts_endpoint ON public.webhook_delivery_attempts USING btree (endpoint_id, started_at);
+
+CREATE OR REPLACE FUNCTION public.dispatcher_claim_events(workspace_ids text[], event_ids text[], days date[])
+ RETURNS TABLE(workspace_id text, event_id text, event_day date, ev events)
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    k record;
+BEGIN
+    FOR k IN EXECUTE format(
+        'SELECT k.workspace_id, k.event_id, k.event_day,
+                (SELECT e FROM events e
+                  WHERE e.workspace_id = k.workspace_id AND e.id = k.event_id AND e.day = k.event_day
+                    AND e.day = ANY (%L::date[])) AS ev
+           FROM unnest($1, $2, $3) AS k(workspace_id, event_id, event_day)',
+        (SELECT array_agg(DISTINCT d) FROM unnest(days) d))
+        USING workspace_ids, event_ids, days
+    LOOP
+        workspace_id := k.workspace_id;
+        event_id := k.event_id;
+        event_day := k.event_day;
+        ev := k.ev;
+        IF k.ev IS NULL THEN
+            SELECT e.* INTO ev FROM events e
+             WHERE e.workspace_id = k.workspace_id AND e.id = k.event_id
+             ORDER BY e.day DESC LIMIT 1;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END;
+$function$;
 
 CREATE TRIGGER webhook_endpoints_limit BEFORE INSERT OR UPDATE OF active, workspace_id ON webhook_endpoints FOR EACH ROW EXECUTE FUNCTION webhook_endpoints_limit();

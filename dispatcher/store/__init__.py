@@ -161,8 +161,9 @@ def ping(conn: Connection) -> None:
 MIGRATE_LOCK_POLL = 0.2  # seconds between a waiting migrator's tries for the lock
 
 
-def migrate(conn: Connection, sleep: Callable[[float], None] = time.sleep) -> list[int]:
-    """Apply every migration not applied yet; returns the versions applied now.
+def migrate(conn: Connection, sleep: Callable[[float], None] = time.sleep, up_to: int | None = None) -> list[int]:
+    """Apply every migration not applied yet (``up_to``: only those numbered up to it); returns the
+    versions applied now.
 
     Each migration commits on its own (with its row in schema_migrations), so a
     long run can be stopped and resumed, and one that fails leaves the earlier
@@ -179,6 +180,8 @@ def migrate(conn: Connection, sleep: Callable[[float], None] = time.sleep) -> li
             run_query(conn, "migrations_table")
             done = {row[0] for row in run_query(conn, "applied_migrations")}
         for migration in migrations():
+            if up_to is not None and migration.version > up_to:
+                break  # a region migrated in steps (docs/operations.md); the rest wait for the next run
             if migration.version not in done:
                 _apply(conn, migration)
                 applied_now.append(migration.version)

@@ -70,8 +70,9 @@ def produce(config_path: Path | str, dsn: str, workspace: str, count: int, event
 
 class SteadyProducer:
     """A thread that commits one event per transaction until stopped, as a busy
-    producer would through a database outage: a failed send or COMMIT is
-    counted and the connection reopened after ``pause``.
+    producer would through a database outage: a failed send or COMMIT (or any
+    other exception from the library) is counted and the connection reopened
+    after ``pause``.
 
     ``committed`` holds (event id, monotonic time the COMMIT returned) of every
     event whose COMMIT succeeded -- the events that must never be lost.  An
@@ -118,8 +119,9 @@ class SteadyProducer:
                 self.committed.append((stored.id, time.monotonic()))
                 n += 1
                 self._stop.wait(self._interval)
-            except psycopg2.Error as exc:
-                self.failures.append(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            except Exception as exc:  # a database error, or the library refusing the event: counted, never fatal
+                text = str(exc).strip()
+                self.failures.append(text.splitlines()[0] if text else type(exc).__name__)
                 if conn is not None:
                     conn.close()
                 self._stop.wait(self._pause)

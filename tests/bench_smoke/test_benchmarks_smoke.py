@@ -36,6 +36,7 @@ KEYS = {
     "fairness": {"alone", "during_storm", "p50_ratio", "p99_ratio", "storm", "api_rss"},
     "tracing": {"deliveries_per_s_off", "deliveries_per_s_on", "throughput_cost", "otlp_exports",
                 "dispatcher_cpu_ms_per_delivery_on"},
+    "partitions": {"sizes", "claim", "retention", "week", "errors"},
 }
 # Scenarios that need what pip's test extra does not bring: why each cannot run here, or None.
 NEEDS = {"peer": missing_tools}
@@ -189,3 +190,24 @@ def test_fairness_times_the_neighbour_alone_and_during_the_storm(results: dict[s
     for phase in ("alone", "during_storm"):
         assert fairness[phase]["neighbour"]["n"] > 0 and fairness[phase]["healthz"]["n"] > 0
     assert fairness["api_rss"]["peak_mb"] > 0
+
+
+def test_partitions_measures_each_size_and_both_kinds_of_retention(results: dict[str, dict]) -> None:
+    result = results["partitions"]
+    assert result["errors"] == [], [result[name].get("traceback") for name in result["errors"]]
+    steps = result["claim"]["steps"]
+    assert [s["outbox_rows"] for s in steps] == [result["sizes"]["pending"], *result["sizes"]["totals"]]
+    assert all(s["claims"] > 0 and s["rows_per_claim"] > 0 for s in steps), "every size claimed rows"
+    largest = steps[-1]
+    # The window keeps the claim off the month of delivered partitions: it reads today's and DEFAULT.
+    read = largest["explain"]["partitions_read"]
+    assert read and len(read) < largest["partitions"] - 20, read
+    assert len(largest["explain_without_window"]["partitions_in_plan"]) > len(largest["explain"]["partitions_in_plan"])
+    retention = result["retention"]
+    assert retention["delete"]["rows"] == retention["rows"] and retention["rows_left_in_copy"] == 0
+    assert retention["drop"]["wal_bytes"] >= 0 and retention["delete"]["statements"] >= 1
+    week = result["week"]
+    kept = week["retained_days"] * week["rows_per_day"]
+    assert week["partitioned"]["rows"] == week["unpartitioned"]["rows"] == kept
+    assert week["partitioned"]["retention_rounds"] == week["unpartitioned"]["retention_rounds"] == \
+        week["days"] - week["retained_days"]

@@ -175,6 +175,15 @@ class TestMigrate:
         assert "schema up to date" in ok(cli("-c", path, "migrate"))
         assert [v for (v,) in empty_db.query("SELECT version FROM schema_migrations ORDER BY 1")] == versions
 
+    def test_migrate_up_to_a_version_then_the_rest(self, empty_db: Database, write_config: WriteConfig) -> None:
+        path = write_config(empty_db)
+        versions = [m.version for m in store.migrations()]
+        first, rest = [v for v in versions if v <= 25], [v for v in versions if v > 25]
+        assert ok(cli("-c", path, "migrate", "--up-to", "25")).strip() == \
+            f"migrated: applied {len(first)} migration(s) {first}"
+        assert ok(cli("-c", path, "migrate")).strip() == f"migrated: applied {len(rest)} migration(s) {rest}"
+        usage_error(cli("-c", path, "migrate", "--up-to", "0"), "--up-to")
+
     def test_two_migrates_at_once(self, empty_db: Database, write_config: WriteConfig) -> None:
         path = write_config(empty_db)
         environ = {k: v for k, v in os.environ.items() if k != DSN_ENV}

@@ -6,6 +6,7 @@ import json
 import re
 import socket
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import psycopg2
@@ -13,6 +14,7 @@ import pytest
 from standardwebhooks import Webhook
 
 from dispatcher import Event, WebhookSender, load_config
+from dispatcher.rules import partitions
 from dispatcher.signing import as_standard_secret
 from dispatcher_devtools.kit import (
     SECRET,
@@ -246,3 +248,30 @@ def test_backlog_alert_fires_from_one_process(db, write_config, tmp_path: Path, 
 def _alerting(log: str) -> set[str]:
     """The processes (``[owner]`` of the line) that logged a backlog alert."""
     return {line.split("[", 1)[1].split("]", 1)[0] for line in log.splitlines() if "backlog alert:" in line}
+
+
+def test_rows_of_a_day_without_a_partition_and_of_the_legacy_partition_are_delivered(
+        db, write_config, tmp_path: Path, capturing_server: CaptureServer) -> None:
+    """Partitioned by day (migration 0027): a row in DEFAULT (its day had no partition: the upkeep was down)
+    and a row in *_before (written before the migration, added while the worker runs) are in the worker's
+    claim window and go out."""
+    (endpoint,) = seed_workspace(db.dsn, "ws", [f"{capturing_server.url}/hook"])
+    (today,), = query(db.dsn, "SELECT dispatcher_today()")
+    three_days_ago = date.fromordinal(today.toordinal() - 3)
+
+    def row(event_id: str, day: date, id_: int) -> None:
+        query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload, day) VALUES "
+                      "(%s, 'ws', 'job.created', nextval('event_sequence'), '{}', %s)", (event_id, day))
+        query(db.dsn, "INSERT INTO webhook_deliveries (id, workspace_id, endpoint_id, event_id, payload_hash, "
+                      "event_day) VALUES (%s, 'ws', %s, %s, 'h', %s)", (id_, endpoint, event_id, day))
+
+    row("evt_default", three_days_ago, partitions.first_id(three_days_ago) + 5)
+    config = write_config(db)
+    produce(config, db.dsn, "ws", 1)  # and one of today: today's partition alone would cover the window
+    assert sorted(query(db.dsn, "SELECT tableoid::regclass::text FROM webhook_deliveries")) == [
+        ("webhook_deliveries_default",), (partitions.partition_name("webhook_deliveries", today),)]
+    with Dispatcher(config, tmp_path / "d.log"):
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 2, message="2 deliveries")
+        row("evt_before", date(2000, 1, 1), 5)  # the legacy day, and an id of before the migration
+        wait_until(lambda: status_counts(db.dsn).get("delivered") == 3, message="the legacy row too")
+    assert {"evt_default", "evt_before"} <= {h["webhook-id"] for _, h, _ in capturing_server.captured}

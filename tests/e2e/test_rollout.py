@@ -273,7 +273,8 @@ def test_replaying_a_shadow_row_while_the_outbox_is_off_is_409(db: Database, wri
                            "RETURNING id")
     sql(db, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('e1', 'ws', 't', 1, '{}')")
     (shadow,), = sql(db, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, "
-                         "mode) VALUES ('ws', %s, 'e1', 'h', 'shadow', 'shadow') RETURNING id", (endpoint,))
+                         "mode, event_day) SELECT 'ws', %s, id, 'h', 'shadow', 'shadow', day FROM events "
+                         "WHERE workspace_id = 'ws' AND id = 'e1' RETURNING id", (endpoint,))
     conn = db.connect()
     token = auth.create_token(conn, "ws", [auth.READ, auth.WRITE])
     conn.close()
@@ -310,14 +311,15 @@ class Seed:
         event_id = event_id or f"e{self.n}"
         status = status or ("shadow" if mode == "shadow" else "delivered")  # a marked shadow row is 'shadow'
         sql(self.db, "INSERT INTO events (id, workspace_id, type, sequence, payload, created_at) "
-                     "VALUES (%s, 'ws', %s, %s, '{}', now() - %s) ON CONFLICT (workspace_id, id) DO NOTHING",
+                     "VALUES (%s, 'ws', %s, %s, '{}', now() - %s) ON CONFLICT (workspace_id, id, day) DO NOTHING",
             (event_id, type_, self.n, timedelta(seconds=age_s)))
         (delivery,), = sql(self.db, """
             INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, mode, attempt,
-                                            created_at, finished_at, replay_of)
-            VALUES ('ws', %(ep)s, %(ev)s, 'h', %(status)s, %(mode)s, %(attempt)s, now() - %(age)s,
-                    CASE WHEN %(fin)s::float8 IS NULL THEN NULL
-                         ELSE now() - %(age)s + make_interval(secs => %(fin)s) END, %(replay_of)s)
+                                            created_at, finished_at, replay_of, event_day)
+            SELECT 'ws', %(ep)s, %(ev)s, 'h', %(status)s, %(mode)s, %(attempt)s, now() - %(age)s,
+                   CASE WHEN %(fin)s::float8 IS NULL THEN NULL
+                        ELSE now() - %(age)s + make_interval(secs => %(fin)s) END, %(replay_of)s, e.day
+              FROM events e WHERE e.workspace_id = 'ws' AND e.id = %(ev)s
             RETURNING id""", {"ep": self.endpoint, "ev": event_id, "status": status, "mode": mode,
                               "attempt": attempt, "age": timedelta(seconds=age_s), "fin": finished_after_s,
                               "replay_of": replay_of})
@@ -336,12 +338,12 @@ class Seed:
             WITH ev AS (
                 INSERT INTO events (id, workspace_id, type, sequence, payload, created_at)
                 SELECT 'bulk-' || g, 'ws', 'job.created', 1000000 + g, '{}', now() - interval '1 minute'
-                  FROM generate_series(1, %(rows)s) g RETURNING id
+                  FROM generate_series(1, %(rows)s) g RETURNING id, day
             ), d AS (
                 INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, attempt,
-                                                created_at, finished_at)
+                                                created_at, finished_at, event_day)
                 SELECT 'ws', %(ep)s, id, 'h', 'delivered', 1, now() - interval '1 minute',
-                       now() - interval '1 minute' + make_interval(secs => %(after)s) FROM ev
+                       now() - interval '1 minute' + make_interval(secs => %(after)s), day FROM ev
                 RETURNING id, created_at
             )
             INSERT INTO webhook_delivery_attempts (delivery_id, endpoint_id, attempt, started_at, duration_ms,
@@ -356,12 +358,12 @@ class Seed:
                 INSERT INTO events (id, workspace_id, type, sequence, payload, created_at)
                 SELECT 'shadow-' || g, 'ws', 'job.created', 2000000 + g, '{}',
                        now() - make_interval(secs => g * 3600 + 30)
-                  FROM generate_series(0, %(hours)s) g RETURNING id, created_at
+                  FROM generate_series(0, %(hours)s) g RETURNING id, created_at, day
             )
             INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, mode, attempt,
-                                            created_at, finished_at)
+                                            created_at, finished_at, event_day)
             SELECT 'ws', %(ep)s, id, 'h', 'shadow', 'shadow', 1, created_at,
-                   created_at + make_interval(secs => %(wait)s) FROM ev
+                   created_at + make_interval(secs => %(wait)s), day FROM ev
             """, {"hours": hours, "ep": self.endpoint, "wait": wait_s})
 
 

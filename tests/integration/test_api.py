@@ -35,6 +35,7 @@ from dispatcher.api import auth
 from dispatcher.api.app import create_app
 from dispatcher.config import load_config
 from tests.conftest import REPO
+from tests.support.partitions import event_day_sql
 
 if TYPE_CHECKING:
     from tests.conftest import TestDatabase
@@ -76,10 +77,11 @@ class World:
                  last_error: str | None = None) -> int:
         return int(self.sql(
             "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, attempt, status,"
-            " mode, created_at, replay_of, last_error, locked_by, claim_token)"
-            " VALUES (%s, %s, %s, 'sha256:' || md5(%s), %s, %s, %s, now() - %s, %s, %s, 'worker-7', 42)"
+            " mode, created_at, replay_of, last_error, locked_by, claim_token, event_day)"
+            " VALUES (%s, %s, %s, 'sha256:' || md5(%s), %s, %s, %s, now() - %s, %s, %s, 'worker-7', 42,"
+            "         coalesce((SELECT day FROM events WHERE workspace_id = %s AND id = %s), dispatcher_today()))"
             " RETURNING id",
-            (ws, endpoint, event, event, attempt, status, mode, age, replay_of, last_error))[0][0])
+            (ws, endpoint, event, event, attempt, status, mode, age, replay_of, last_error, ws, event))[0][0])
 
     def attempt(self, delivery: int, endpoint: int, n: int, result: str, status_code: int | None,
                 error: str | None = None, excerpt: str | None = None, duration_ms: int = 120,
@@ -386,13 +388,16 @@ def test_malformed_ids_are_404_problems(world, make_client) -> None:
         assert_problem(result, 404)
 
 
+SEED_DAY = event_day_sql("'acme'", "'evt_seed'")
+
+
 def test_pagination_is_stable_under_concurrent_inserts(world, make_client, db) -> None:
     client = make_client()
     ws = world.workspace("acme")
     ep = world.endpoint(ws)
     world.event(ws, "evt_seed")
-    world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status)"
-              " SELECT %s, %s, 'evt_seed', 'h', (ARRAY['pending','delivered','dead'])[1 + n %% 3]"
+    world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, event_day)"
+              " SELECT %s, %s, 'evt_seed', 'h', (ARRAY['pending','delivered','dead'])[1 + n %% 3], " + SEED_DAY +
               " FROM generate_series(1, 230) n", (ws, ep))
     existing = [r[0] for r in world.sql("SELECT id FROM webhook_deliveries ORDER BY id DESC")]
     token = world.token(ws)
@@ -404,8 +409,8 @@ def test_pagination_is_stable_under_concurrent_inserts(world, make_client, db) -
         conn.autocommit = True
         with conn.cursor() as cur:
             while not stop.is_set():
-                cur.execute("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash)"
-                            " VALUES (%s, %s, 'evt_seed', 'h')", (ws, ep))
+                cur.execute("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash,"
+                            " event_day) VALUES (%s, %s, 'evt_seed', 'h', " + SEED_DAY + ")", (ws, ep))
                 time.sleep(0.002)
         conn.close()
 
@@ -423,8 +428,8 @@ def test_pagination_is_stable_under_concurrent_inserts(world, make_client, db) -
                 first_page_top = page["data"][0]["id"]
             seen.extend(d["id"] for d in page["data"])
             # And a burst lands between every two pages, whatever the thread's pace.
-            world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash)"
-                      " SELECT %s, %s, 'evt_seed', 'h' FROM generate_series(1, 3)", (ws, ep))
+            world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day)"
+                      " SELECT %s, %s, 'evt_seed', 'h', " + SEED_DAY + " FROM generate_series(1, 3)", (ws, ep))
             cursor = page["next_cursor"]
             if cursor is None:
                 break

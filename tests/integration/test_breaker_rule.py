@@ -68,8 +68,8 @@ def test_the_rule(case: Case) -> None:
 def _seed_case(db, case: Case) -> int:  # type: ignore[no-untyped-def]
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
-    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-                  "VALUES ('ws', %s, 'ev', 'h')", (endpoint,))
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day) "
+                  "SELECT 'ws', %s, id, 'h', day FROM events WHERE workspace_id = 'ws' AND id = 'ev'", (endpoint,))
     query(db.dsn, "INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until) "
                   "VALUES (%s, %s, %s, now() + make_interval(secs => %s))",
           (endpoint, case.state, case.failures, case.open_until))

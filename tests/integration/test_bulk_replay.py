@@ -258,8 +258,9 @@ def test_the_budget_is_charged_per_100_rows_and_refuses_whole(world, make_client
     ep = world.endpoint(ws)
     world.sql("INSERT INTO events (id, workspace_id, type, sequence, payload)"
               " SELECT 'b' || n, %s, 'job.completed', 1000 + n, '{}' FROM generate_series(1, 250) n", (ws,))
-    world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status)"
-              " SELECT %s, %s, 'b' || n, 'sha256:x', 'dead' FROM generate_series(1, 250) n", (ws, ep))
+    world.sql("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, event_day)"
+              " SELECT %s, %s, e.id, 'sha256:x', 'dead', e.day FROM generate_series(1, 250) n"
+              " JOIN events e ON e.workspace_id = %s AND e.id = 'b' || n", (ws, ep, ws))
     headers = bearer(world.token(ws))
     dry = client.simulate_post(PATH, headers=headers, json={"dry_run": True}).json
     # Counted up to one row past what 2 units can ever pay for (200 rows): a huge filter costs no huge count.

@@ -51,8 +51,9 @@ def test_an_id_over_the_limit_is_not_looked_up(db, write_config, length: int) ->
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES (%s, 'ws', 't', 1, '{}')",
           (long_id,))
-    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-                  "VALUES ('ws', %s, %s, 'h')", (endpoint, long_id))
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day) "
+                  "SELECT 'ws', %s, id, 'h', day FROM events WHERE workspace_id = 'ws' AND id = %s",
+          (endpoint, long_id))
     query(db.dsn, "INSERT INTO api_tokens (token_sha256, workspace_id, scopes) VALUES (%s, 'ws', %s)",
           (hash_token("dsp_rule"), ["webhooks:read"]))
     app = create_app(load_config(write_config(db), env={}), db.dsn)

@@ -167,7 +167,8 @@ class TestGateQueries:
                           "VALUES (%s, %s, 'job.created', nextval('event_sequence'), '{}', %s)",
                   (event_id, ws, created))
             query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, "
-                          "created_at) VALUES (%s, %s, %s, 'h', %s, %s)", (ws, endpoint, event_id, mode, created))
+                          "created_at, event_day) SELECT %s, %s, id, 'h', %s, %s, day FROM events "
+                          "WHERE workspace_id = %s AND id = %s", (ws, endpoint, mode, created, ws, event_id))
         conn = store.connect(db.dsn)
         try:
             runs = {run.workspace_id: run for run in rollout_store.workspace_runs(conn, window, ["ws-on", "ws-off"])}

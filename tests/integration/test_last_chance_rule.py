@@ -90,10 +90,11 @@ def _seed(dsn: str, case: Case, leased: bool = False) -> int:
     (row_id,) = query(dsn, """
         WITH row AS (
             INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, attempt,
-                                            created_at, locked_until, locked_by, claim_token)
+                                            created_at, locked_until, locked_by, claim_token, event_day)
             VALUES ('ws', %(endpoint)s, 'ev', 'h', 3, now() - make_interval(secs => %(age)s),
                     CASE WHEN %(leased)s THEN now() + interval '30 seconds' END,
-                    CASE WHEN %(leased)s THEN 'w' END, CASE WHEN %(leased)s THEN 1 END)
+                    CASE WHEN %(leased)s THEN 'w' END, CASE WHEN %(leased)s THEN 1 END,
+                    coalesce((SELECT day FROM events WHERE workspace_id = 'ws' AND id = 'ev'), dispatcher_today()))
             RETURNING id, created_at)
         INSERT INTO endpoint_state (endpoint_id, state, consecutive_failures, open_until, opened_at)
         SELECT %(endpoint)s, %(state)s, 20, now() + interval '1 minute',

@@ -21,6 +21,9 @@ import pytest
 from dispatcher.rules.limits import EndpointLimits, slot_hold
 from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher_devtools.kit import query, seed_workspace
+from tests.support.partitions import event_day_sql
+
+EVENT_DAY = event_day_sql("'ws'", "'ev'")
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ def _lease(db, endpoint: int, count: int, ends_in: str) -> None:  # type: ignore
         return
     (token,), = query(db.dsn, "SELECT nextval('webhook_claim_tokens')")
     query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, "
-                  "locked_until, locked_by, claim_token) "
-                  "SELECT 'ws', %s, 'ev', 'h', now() + %s::interval, 'other', %s FROM generate_series(1, %s)",
+                  "locked_until, locked_by, claim_token, event_day) "
+                  "SELECT 'ws', %s, 'ev', 'h', now() + %s::interval, 'other', %s, "
+                  + EVENT_DAY + " FROM generate_series(1, %s)",
           (endpoint, ends_in, token, count))
     query(db.dsn, "INSERT INTO endpoint_leases (endpoint_id, claim_token, owner, leased, until) "
                   "VALUES (%s, %s, 'other', %s, now() + %s::interval)", (endpoint, token, count, ends_in))
@@ -110,8 +114,8 @@ def _seed_case(db, case: Case) -> int:  # type: ignore[no-untyped-def]
     _lease(db, endpoint, case.in_flight, "30 s")
     _lease(db, endpoint, case.lapsed, "-1 s")
     _hold(db, endpoint, case.held)
-    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-                  "SELECT 'ws', %s, 'ev', 'h' FROM generate_series(1, 10)", (endpoint,))
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day) "
+                  "SELECT 'ws', %s, 'ev', 'h', " + EVENT_DAY + " FROM generate_series(1, 10)", (endpoint,))
     if case.stored is not None:
         query(db.dsn, "INSERT INTO endpoint_rate (endpoint_id, tokens, refilled_at) "
                       "VALUES (%s, %s, now() - make_interval(secs => %s))", (endpoint, case.stored, case.elapsed))
@@ -158,8 +162,8 @@ def test_only_a_timed_out_attempt_holds_its_slot_and_for_one_deadline(result: st
 def test_the_result_write_holds_a_timed_out_slot_until_its_hold_lapses(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) VALUES ('ev', 'ws', 't', 1, '{}')")
-    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-              "SELECT 'ws', %s, 'ev', 'h' FROM generate_series(1, 10)", (endpoint,))
+    query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day) "
+              "SELECT 'ws', %s, 'ev', 'h', " + EVENT_DAY + " FROM generate_series(1, 10)", (endpoint,))
     engine = EngineStore(ManagedConnection(db.dsn, "test"))
     claimed = engine.claim("w", 200, 4, [], 0, 30.0)
     assert len(claimed) == 4

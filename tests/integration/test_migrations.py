@@ -428,6 +428,21 @@ class TestMigrate:
         assert applied(empty_db) == shipped()
         assert pending(empty_db) == []
 
+    def test_up_to_applies_the_migrations_numbered_up_to_it_and_the_rest_later(self, empty_db: Database) -> None:
+        """A region migrated in steps (docs/operations.md: 0025 and 0026 ahead of the swap), and tests
+        of a migration that need the schema just before it."""
+        versions = [v for v, _ in shipped()]
+        step = versions[len(versions) // 2]
+        conn = empty_db.connect()
+        try:
+            assert store.migrate(conn, up_to=step) == [v for v in versions if v <= step]
+            assert store.migrate(conn, up_to=step) == []
+            assert store.pending_migrations(conn) == [v for v in versions if v > step]
+            assert store.migrate(conn) == [v for v in versions if v > step]
+        finally:
+            conn.close()
+        assert applied(empty_db) == shipped()
+
     def test_a_failing_migration_leaves_the_earlier_ones_applied_and_itself_out(
         self, empty_db: Database, monkeypatch: pytest.MonkeyPatch
     ) -> None:

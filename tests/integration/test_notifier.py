@@ -388,7 +388,7 @@ def test_the_operational_webhook_is_an_outbox_row_for_the_notify_endpoint(db, tm
         notices.run_once()  # the round after the flap window ends the episode
     rows = db.query("SELECT e.url, e.purpose, v.type, d.status, v.payload->>'endpoint_id' "
                     "FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id "
-                    "JOIN events v ON v.id = d.event_id ORDER BY d.id")
+                    "JOIN events v ON v.id = d.event_id AND v.day = d.event_day ORDER BY d.id")
     assert rows == [
         ("https://ops.example.com/notify", "operational", "webhook.endpoint.breaker_opened", "pending", str(failing)),
         ("https://ops.example.com/notify", "operational", "webhook.endpoint.breaker_recovered", "pending",

@@ -32,3 +32,10 @@ def canonical_plan(dsn: str, plan: str) -> str:
 def partitions_read(plan: str, table: str) -> set[str]:
     """The partitions of ``table`` a (not canonical) plan reads."""
     return set(re.findall(rf"\bon ({re.escape(table)}_(?:p[0-9]{{8}}|before|default))\b", plan))
+
+
+def event_day_sql(workspace: str, event: str) -> str:
+    """An SQL expression for a delivery row's ``event_day``: the day of the event (``workspace``, ``event``:
+    SQL expressions), or today when there is no such event (migration 0027)."""
+    return f"coalesce((SELECT e.day FROM events e WHERE e.workspace_id = {workspace} AND e.id = {event}), " \
+           "dispatcher_today())"

@@ -9,13 +9,18 @@ import pytest
 from dispatcher_devtools.kit import (
     ReplicationPair,
     ReplicationUnavailable,
+    SteadyProducer,
     WaitTimeout,
     apply_overrides,
     assert_no_event,
+    config_for_test,
     log_events,
     replication,
+    seeding,
     wait_until,
+    write_config,
 )
+from dispatcher_devtools.kit.versions import RevisionUnavailable, export_revision
 
 LOG = ("2026-12-01 05:00:00,000 INFO [supervisor] dispatcher.supervisor supervisor pid 7 starting 1 worker(s) "
        "for region test event=supervisor_started\n"
@@ -60,3 +65,25 @@ def test_replication_pair_fails_loudly_when_a_postgres_binary_is_missing(monkeyp
     monkeypatch.setattr(replication, "PG_BIN", tmp_path)
     with pytest.raises(ReplicationUnavailable, match="pg_ctl, pg_basebackup, postgres"):
         ReplicationPair()
+
+
+def test_steady_producer_counts_a_failure_that_is_not_a_database_error_and_goes_on(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A producer test asserts that no call failed: a failure of any kind must be counted, and
+    must not end the thread silently (the test would then wait for events that never come)."""
+    config = write_config(tmp_path / "c.yaml", config_for_test("postgresql://nobody@127.0.0.1:1/none"))
+    calls: list[str] = []
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        calls.append("connect")
+        raise ValueError("refused by the test")
+
+    monkeypatch.setattr(seeding.psycopg2, "connect", refuse)
+    with SteadyProducer(config, "postgresql://nobody@127.0.0.1:1/none", "ws", pause=0.001) as producer:
+        wait_until(lambda: len(producer.failures) >= 2, timeout=10, message="two counted failures")
+    assert producer.failures[:2] == ["refused by the test"] * 2 and producer.committed == []
+
+
+def test_export_revision_refuses_a_directory_without_history(tmp_path: Path) -> None:
+    with pytest.raises(RevisionUnavailable, match="not a git checkout"):
+        export_revision(tmp_path, "HEAD", tmp_path / "out")

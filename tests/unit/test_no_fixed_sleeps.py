@@ -20,6 +20,7 @@ WATCHED = (
     "e2e/test_engine.py",
     "e2e/test_breaker.py",
     "e2e/test_transport.py",
+    "e2e/test_partition_migration.py",
     "e2e/faults/test_pgbouncer.py",
     "e2e/faults/test_hostile_clients.py",
     "e2e/faults/test_hostile_receivers.py",

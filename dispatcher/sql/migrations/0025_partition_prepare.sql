@@ -64,3 +64,100 @@ CREATE TABLE partitioning (
     table_name   text PRIMARY KEY,
     legacy_until timestamptz
 );
+
+-- The producer's function (0022), statement for statement, but for its
+-- conflict clauses: ON CONFLICT DO NOTHING names no key.  A send that is
+-- waiting for 0027's locks when 0027 commits resumes with the body it
+-- started with, and its INSERT INTO events is planned again against the
+-- partitioned table, whose key is (workspace_id, id, day): a clause naming
+-- (workspace_id, id) would fail there, and the producer's transaction with
+-- it (tests/e2e/test_partition_migration.py, tests/integration/
+-- test_partition_swap_online.py).  Without a named key it holds for both
+-- shapes; such a send writes today's day and event_day by the new defaults.
+-- Its only other unique key, (workspace_id, sequence), cannot conflict: the
+-- sequence is event_sequence's.  0027 replaces the function again.
+CREATE OR REPLACE FUNCTION dispatcher_send_event(
+    p_workspace_id text, p_event_id text, p_type text, p_occurred_at timestamptz,
+    p_payload jsonb, p_payload_hash text, p_shadow_writes boolean, p_grace float8,
+    p_trace_context jsonb DEFAULT NULL)
+RETURNS TABLE (mode text, sequence bigint, deliveries int, legacy_targets jsonb, legacy_payload text,
+               skipped text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    outbox boolean;
+    numbered bigint;
+    targets jsonb;
+    written int := 0;
+    shadow boolean := false;
+    why text;
+BEGIN
+    -- A scalar subquery for the one-row settings table: joined, its
+    -- unanalysed row estimate (~2000) pushed the cost past JIT's threshold.
+    SELECT webhook_outbox_on(w.flags -> 'webhook_outbox', r.list,
+                             (SELECT s.percent FROM rollout_settings s), rollout_bucket(w.id))
+      INTO outbox
+      FROM workspaces w
+      LEFT JOIN rollout_workspaces r ON r.workspace_id = w.id
+     WHERE w.id = p_workspace_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF outbox THEN
+        numbered := nextval('event_sequence');
+        INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context)
+        VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
+                p_trace_context)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'duplicate'::text, NULL::bigint, 0, NULL::jsonb, NULL::text, NULL::text;
+            RETURN;
+        END IF;
+        -- The hot path: one INSERT ... SELECT, nothing returned but the count.
+        -- A paused endpoint's row is written held (0020).
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode, status)
+        SELECT p_workspace_id, e.id, p_event_id, p_payload_hash, 'live',
+               CASE WHEN e.paused_at IS NULL THEN 'pending' ELSE 'held' END
+          FROM webhook_endpoints e
+         WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
+           AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
+        GET DIAGNOSTICS written = ROW_COUNT;
+        RETURN QUERY SELECT 'live'::text, numbered, written, NULL::jsonb, NULL::text, NULL::text;
+        RETURN;
+    END IF;
+    -- Outbox off: whatever happens below, the caller gets its targets and POSTs.
+    IF current_setting('transaction_read_only') = 'on' THEN
+        why := 'read_only';
+    ELSE
+        numbered := nextval('event_sequence');
+        IF p_shadow_writes THEN
+            INSERT INTO events (id, workspace_id, type, sequence, occurred_at, payload, trace_context)
+            VALUES (p_event_id, p_workspace_id, p_type, numbered, coalesce(p_occurred_at, now()), p_payload,
+                    p_trace_context)
+            ON CONFLICT DO NOTHING;
+            shadow := FOUND;
+            IF NOT shadow THEN
+                why := 'duplicate_id';
+            END IF;
+        END IF;
+    END IF;
+    SELECT coalesce(jsonb_agg(jsonb_build_object(
+               'id', e.id, 'url', e.url,
+               'secrets', dispatcher_signing_secrets(e.secret, e.previous_secret, e.secret_rotated_at,
+                                                     w.secret, w.previous_secret, w.secret_rotated_at, p_grace))
+               ORDER BY e.id), '[]')
+      INTO targets
+      FROM webhook_endpoints e JOIN workspaces w ON w.id = e.workspace_id
+     WHERE e.workspace_id = p_workspace_id AND e.active AND e.purpose = 'customer'
+       AND (e.event_types = '{}' OR p_type = ANY (e.event_types));
+    IF shadow THEN
+        INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, mode)
+        SELECT p_workspace_id, (t ->> 'id')::bigint, p_event_id, p_payload_hash, 'shadow'
+          FROM jsonb_array_elements(targets) AS t;
+        GET DIAGNOSTICS written = ROW_COUNT;
+    END IF;
+    -- jsonb's own text form, so the synchronous body is byte-identical to
+    -- what the dispatcher sends for the same event (it reads payload::text).
+    RETURN QUERY SELECT CASE WHEN shadow THEN 'shadow' END, numbered, written, targets, p_payload::text, why;
+END;
+$$;

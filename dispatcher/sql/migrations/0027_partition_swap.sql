@@ -25,8 +25,12 @@
 -- at once.  Waiting for it behind a long transaction would queue every
 -- producer and worker behind this migration, so it gives up after
 -- lock_timeout: nothing of it is then applied, and `dispatcher migrate` is run again.
+-- In the producer's order (dispatcher_send_event writes events, then
+-- webhook_deliveries): a send holding events waits for nothing of ours and
+-- commits, then we go on; taken the other way round, it waited for
+-- webhook_deliveries while we waited for events, a deadlock that failed it.
 SET LOCAL lock_timeout = '2s';
-LOCK TABLE webhook_deliveries, webhook_delivery_attempts, events IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE events, webhook_deliveries, webhook_delivery_attempts IN ACCESS EXCLUSIVE MODE;
 
 -- webhook_deliveries -------------------------------------------------------
 
@@ -207,13 +211,19 @@ SELECT dispatcher_ensure_partitions(7);
 -- The claim's window of ids (docs/claim.md, "The claim's window"): the
 -- worker reads it every few seconds and bounds every scan of the claim by it,
 -- so the planner prunes the partitions that cannot hold a due row.
---  floor: the lower bound of the oldest partition holding a pending row --
---    one probe of the pending index per partition older than today, oldest
---    first, until one has such a row (*_before: -2^63) -- else today's first
---    id; lowered to the smallest pending id in the DEFAULT partition, whose
---    rows are of days without a partition (a window over such a day keeps
---    DEFAULT in the plan).
---  ceiling: the first id of the day after tomorrow.
+--  floor: the lower bound of the oldest partition holding a pending row due
+--    within a minute -- one probe of the pending index per partition older
+--    than today, oldest first, until one has such a row (*_before: -2^63) --
+--    else today's first id; lowered to the smallest such id in the DEFAULT
+--    partition, whose rows are of days without a partition (a window over
+--    such a day keeps DEFAULT in the plan).  A minute ahead: a row of an older
+--    day is in the window before it is due, however many of its day's rows
+--    wait for later retries; a row that becomes pending and due at once (a
+--    held row resumed) is in it at the worker's next read.
+--  ceiling: the first id of the day after the one ten minutes from now: tomorrow's
+--    partition joins the window only in the last minutes of today (a window read
+--    at 23:59:59 still reaches the rows written after midnight), and is not planned
+--    in every claim all day long.
 CREATE FUNCTION dispatcher_claim_window() RETURNS TABLE (floor bigint, ceiling bigint)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -221,9 +231,10 @@ DECLARE
     pending boolean;
     overflow regclass;
     lowest bigint;
+    due_by timestamptz := now() + interval '1 minute';
 BEGIN
     floor := dispatcher_first_id(dispatcher_today());
-    ceiling := dispatcher_first_id(dispatcher_today() + 2);
+    ceiling := dispatcher_first_id(((now() + interval '10 minutes') AT TIME ZONE 'UTC')::date + 1);
     FOR part IN
         SELECT b.rel, b.lower
           FROM (SELECT c.oid::regclass AS rel,
@@ -238,7 +249,8 @@ BEGIN
          WHERE b.lower < floor
          ORDER BY b.lower
     LOOP
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = %L)', part.rel, 'pending') INTO pending;
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE status = %L AND next_attempt_at <= $1)',
+                       part.rel, 'pending') INTO pending USING due_by;
         IF pending THEN
             floor := part.lower;
             EXIT;
@@ -247,10 +259,49 @@ BEGIN
     SELECT p.partdefid::regclass INTO overflow
       FROM pg_partitioned_table p WHERE p.partrelid = 'webhook_deliveries'::regclass AND p.partdefid <> 0;
     IF overflow IS NOT NULL THEN
-        EXECUTE format('SELECT min(id) FROM %s WHERE status = %L', overflow, 'pending') INTO lowest;
+        EXECUTE format('SELECT min(id) FROM %s WHERE status = %L AND next_attempt_at <= $1', overflow, 'pending')
+           INTO lowest USING due_by;
         floor := least(floor, lowest);
     END IF;
     RETURN NEXT;
+END;
+$$;
+
+-- The events of a claim's rows (engine_claim), by (workspace_id, id, day): a
+-- query made for the days asked, so its plan holds only their partitions, not
+-- every day events keep (retention.events) -- planned with the claim, the
+-- lookup cost more than the claim's own work.  A key its day does not find
+-- (a row whose event_day is not its event's day: written by an older release
+-- or an outside tool, which default it to today) is looked up by (workspace_id,
+-- id) in every partition, the newest first, as before 0027: a row is never sent
+-- as "event gone" for want of its day.  Each key comes back once, its event
+-- NULL when there is none.
+CREATE FUNCTION dispatcher_claim_events(workspace_ids text[], event_ids text[], days date[])
+RETURNS TABLE (workspace_id text, event_id text, event_day date, ev events)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k record;
+BEGIN
+    FOR k IN EXECUTE format(
+        'SELECT k.workspace_id, k.event_id, k.event_day,
+                (SELECT e FROM events e
+                  WHERE e.workspace_id = k.workspace_id AND e.id = k.event_id AND e.day = k.event_day
+                    AND e.day = ANY (%L::date[])) AS ev
+           FROM unnest($1, $2, $3) AS k(workspace_id, event_id, event_day)',
+        (SELECT array_agg(DISTINCT d) FROM unnest(days) d))
+        USING workspace_ids, event_ids, days
+    LOOP
+        workspace_id := k.workspace_id;
+        event_id := k.event_id;
+        event_day := k.event_day;
+        ev := k.ev;
+        IF k.ev IS NULL THEN
+            SELECT e.* INTO ev FROM events e
+             WHERE e.workspace_id = k.workspace_id AND e.id = k.event_id
+             ORDER BY e.day DESC LIMIT 1;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
 END;
 $$;
 

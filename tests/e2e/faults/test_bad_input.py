@@ -117,8 +117,9 @@ def test_an_event_id_that_cannot_be_a_header_fails_the_row_without_touching_the_
     for event_id in BAD_EVENT_IDS:
         query(db.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) "
                       "VALUES (%s, 'ws', 'job.created', nextval('event_sequence'), '{}')", (event_id,))
-        query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-                      "VALUES ('ws', %s, %s, 'x')", (endpoint, event_id))
+        query(db.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day) "
+                      "SELECT 'ws', %s, id, 'x', day FROM events WHERE workspace_id = 'ws' AND id = %s",
+              (endpoint, event_id))
     good, = produce(config, db.dsn, "ws", 1)
     with Dispatcher(config, tmp_path / "d.log"):
         wait_until(lambda: status_counts(db.dsn).get("pending", 0) == 0, message="every row finished")

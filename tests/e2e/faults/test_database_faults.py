@@ -76,8 +76,9 @@ def test_a_postgres_restart_with_10000_rows_pending(tmp_path: Path, write_config
         query(pg.dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload) "
                       "SELECT 'evt-' || g, 'ws', 'job.created', g, jsonb_build_object('n', g) "
                       "FROM generate_series(1, 1000) g")
-        query(pg.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-                      "SELECT 'ws', e.id, 'evt-' || g, 'h' FROM generate_series(1, 1000) g, webhook_endpoints e")
+        query(pg.dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, event_day) "
+                      "SELECT 'ws', e.id, ev.id, 'h', ev.day FROM events ev, webhook_endpoints e "
+                      "WHERE ev.workspace_id = 'ws'")
         rows = 10_000
         config = write_config(type("Db", (), {"dsn": pg.dsn})(), http={"timeout": "2s"},
                               database={"dsn": pg.dsn, "connect_timeout": "2s", "reconnect_max": "1s"},

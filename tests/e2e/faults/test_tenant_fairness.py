@@ -45,8 +45,9 @@ def _neighbour(dsn: str) -> int:
                               " 'https://hooks.example.test/n') RETURNING id")
     query(dsn, "INSERT INTO events (id, workspace_id, type, sequence, payload)"
                " VALUES ('evt_n', 'neighbour', 'job.created', 1, '{}')")
-    query(dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status)"
-               " VALUES ('neighbour', %s, 'evt_n', 'h', 'delivered')", (endpoint,))
+    query(dsn, "INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash, status, event_day)"
+               " SELECT 'neighbour', %s, id, 'h', 'delivered', day FROM events"
+               " WHERE workspace_id = 'neighbour' AND id = 'evt_n'", (endpoint,))
     return int(endpoint)
 
 
