@@ -36,7 +36,7 @@ def _runner(name: str) -> Callable[..., dict[str, Any]]:
 def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, processes: int = 2,
                  context: dict[str, Any] | None = None, max_per_second: float | None = None,
                  duration: float | None = None, max_in_flight: int | None = None, receiver: str = "mock",
-                 rounds: int = 1, events: int | None = None,
+                 rounds: int = 1, events: int | None = None, pairs: int | None = None,
                  partition_sizes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one scenario; ``context`` carries figures between scenarios of one invocation."""
     context = context if context is not None else {}
@@ -57,6 +57,7 @@ def run_scenario(name: str, *, tiny: bool = False, client: str | None = None, pr
         kwargs["rounds"] = rounds
     if name == "tracing":
         kwargs["events"] = events
+        kwargs["pairs"] = pairs
     if name == "isolation":
         kwargs["baseline"] = context.get("sustained_healthy_p99_ms")
         kwargs["baseline_first"] = context.get("sustained_first_attempt_p99_ms")
@@ -170,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the peer's tunings (default: 1)")
     parser.add_argument("--events", type=int, default=None,
                         help="tracing: events per drain (default 2,000, a tenth of W1; 20000 is W1's size)")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="tracing: alternating off/on pairs after the discarded warm-up drain (default 3)")
     parser.add_argument("--partitions-pending", type=_count, default=None, metavar="ROWS",
                         help="partitions: pending rows in today's partition (default 100k; 1M, 2_000_000 work)")
     parser.add_argument("--partitions-totals", type=_counts, default=None, metavar="ROWS,ROWS",
@@ -192,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--rounds must be a positive number")
     if args.events is not None and args.events < 1:
         parser.error("--events must be a positive number")
+    if args.pairs is not None and args.pairs < 1:
+        parser.error("--pairs must be a positive number")
     if args.duration is not None and args.duration <= 0:
         parser.error("--duration must be a positive number of seconds")
     names = args.scenario or [name for name in SCENARIOS if args.tiny or name not in ON_REQUEST]
@@ -203,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_scenario(name, tiny=args.tiny, client=args.client, processes=args.processes, context=context,
                               max_per_second=args.max_per_second, duration=args.duration,
                               max_in_flight=args.max_in_flight, receiver=args.receiver, rounds=args.rounds,
-                              events=args.events,
+                              events=args.events, pairs=args.pairs,
                               partition_sizes={"pending": args.partitions_pending, "totals": args.partitions_totals,
                                                "day_rows": args.partitions_day_rows,
                                                "week_rows": args.partitions_week_rows})
