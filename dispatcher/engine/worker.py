@@ -202,6 +202,9 @@ class Worker:
         self._slots = 0   # the slots all lanes hold (the sum of their grants)
         self._finished: list[Attempt] = []
         self._slot_entries: list[SlotEntry] = []
+        # A lane let go at the end of its turn still had rows due: once the flush has given its
+        # slots back, the claimer looks again at once instead of after an idle poll_interval.
+        self._turned = False
         self._wake = gevent.event.Event()
         self._room = gevent.event.Event()
         self._flush_now = gevent.event.Event()
@@ -486,6 +489,8 @@ class Worker:
         del self._lanes[endpoint_id]
         self._slots -= lane.slots
         now = time.monotonic()
+        if not lane.closing and not self._stopping.is_set() and now - lane.started >= self._lane_policy.turn:
+            self._turned = True
         resting = sorted(end - now for end in lane.cooling if end > now)
         for token, count in lane.grants.items():
             rest, resting = resting[:count], resting[count:]
@@ -527,12 +532,16 @@ class Worker:
             if self._finished or self._slot_entries:
                 batch, self._finished = self._finished, []
                 entries, self._slot_entries = latest_entries(self._slot_entries), []
+                turned, self._turned = self._turned, False
                 if not self._write(batch, entries):
                     self._finished = batch + self._finished
                     self._slot_entries = entries + self._slot_entries
+                    self._turned = self._turned or turned
                     backoff.wait(gevent.event.Event())
                     continue
                 backoff.reset()
+                if turned:
+                    self._wake.set()  # the turned lane's slots are back in the region: claim them round
             if drained and not self._finished and not self._slot_entries:
                 return
 

@@ -130,6 +130,24 @@ def test_a_lone_process_takes_the_slots_its_peers_leave_free(db, write_config) -
     assert seen["unique"] == 600, seen
 
 
+def test_a_lane_let_go_at_its_turn_is_claimed_again_without_an_idle_poll(db, write_config) -> None:
+    # A lane lets its slots go round every lane_turn.  The rows still due are the claimer's to take again
+    # as soon as the flush has given the slots back: here poll_interval is ten minutes, so a claimer that
+    # waited for its idle poll after a turn would leave the rest undelivered until the test gives up.
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=5)])
+        config = write_config(db, workers={"processes": 1, "per_endpoint_concurrency": 4, "poll_interval": "10m",
+                                           "lane_hold": True, "lane_turn": "200ms", "lease": "60s"})
+        produce(config, db.dsn, "ws", 400)
+        out = run_green("tests.support.faults:run_lone_worker", {
+            "config": str(config), "dsn": db.dsn, "total": 400, "timeout": 60.0}, timeout=150)
+        seen = receiver.endpoint("hot")
+    assert out["all_done"], f"rows were left after a turn: {out}"
+    assert out["ledger_after"] == [], "the slots went back when the worker stopped"
+    assert seen["max_concurrency"] <= 4, seen
+    assert seen["unique"] == 400, seen
+
+
 def test_a_slow_row_does_not_hold_its_lanes_other_slots(db, write_config) -> None:
     # Concurrency 2: one slot is taken by a row whose POST does not end until the others are in.
     # The other slot's sender goes on with the lane's queue (or the slot goes back and is taken
