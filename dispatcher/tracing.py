@@ -30,6 +30,7 @@ here swallows its own errors.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -283,21 +284,28 @@ class Tracer:
         return [c for c in map(self.remote_context, carriers) if c is not None]
 
     def begin(self, name: str, parent: Mapping[str, str] | None = None, kind: str = "internal",
-              start_time: int | None = None) -> SpanHandle | None:
+              start_time: int | None = None, trace_key: bytes | None = None) -> SpanHandle | None:
         """A started span (the caller ends it), or None when it could not be made.
 
         Kept or not is decided from the parent's traceparent text (its sampled flag) or, without
-        a valid parent, by ``sample_ratio``; a span not kept never reaches OpenTelemetry."""
+        a valid parent, by ``sample_ratio``; a span not kept never reaches OpenTelemetry.
+        ``trace_key`` (a delivery's first attempts): without a parent, the decision and a trace
+        not kept are derived from the key (:func:`keyed_trace`), the same every time it is asked."""
         if self._tracer is None:
             return None
         try:
             found = _valid_parent(parent)
-            keep = int(found[4], 16) & 1 if found is not None else self._random.random() < self._ratio
+            ids = self._random
+            if found is not None:
+                keep = int(found[4], 16) & 1
+            elif trace_key is not None:
+                trace_id, keep = keyed_trace(trace_key, self._ratio)
+            else:
+                trace_id, keep = 0, ids.random() < self._ratio
             if not keep:
-                ids = self._random
                 span_id = ids.getrandbits(64) or _nonzero(ids, 64)
                 if found is None:
-                    return _UnkeptSpan(f"00-{_nonzero(ids, 128):032x}-{span_id:016x}-00", None)
+                    return _UnkeptSpan(f"00-{trace_id or _nonzero(ids, 128):032x}-{span_id:016x}-00", None)
                 return _UnkeptSpan(f"00-{found[2]}-{span_id:016x}-00", _state_of(parent))
             return self._kept(self._tracer, name, parent, kind, start_time)
         except Exception:
@@ -390,6 +398,21 @@ def _provider(service: str, kind: str, endpoint: str, exporter: Any) -> Any:
     if exporter is not None:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+_LOW_64 = (1 << 64) - 1
+
+
+def keyed_trace(key: bytes, ratio: float) -> tuple[int, bool]:
+    """A trace id derived from ``key`` (never 0) and whether a new trace of it is kept: its
+    low 64 bits below ``ratio`` of their range, as OpenTelemetry's TraceIdRatioBased decides.
+
+    The worker keys a delivery's root attempt by its event and row, so the row needs no
+    stored context until a trace is kept: every attempt of a delivery not kept comes to the
+    same decision and carries the same trace id to the receiver, and only the rare kept root
+    is written back (its traceparent, for the later attempts to be its children)."""
+    trace_id = int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "big") or 1
+    return trace_id, (trace_id & _LOW_64) < ratio * (_LOW_64 + 1)
 
 
 def _nonzero(ids: random.Random, bits: int) -> int:

@@ -114,14 +114,17 @@ class DeliveryMaker:
         delivery = carrier_of(row.delivery_trace) or {}
         parent = {"traceparent": delivery["traceparent"]} if delivery.get("traceparent") else None
         replayed = {"traceparent": delivery["replayed_from"]} if delivery.get("replayed_from") else None
-        span = self._tracer.begin("dispatcher.attempt", parent, kind="client")
+        # Without a stored parent, the trace is keyed by the event and the row (tracing.keyed_trace):
+        # an attempt not kept then needs nothing written back, and only a kept root is stored.
+        key = None if parent else f"{row.event_id}/{row.id}".encode()
+        span = self._tracer.begin("dispatcher.attempt", parent, kind="client", trace_key=key)
         if span is None:
             return self._attempt(row, claimed_at, NO_SPAN)
         try:
             if span.recording:  # 99 in 100 at a 1 % ratio are not: build nothing for them
                 span.link((carrier_of(row.event_trace), replayed))
                 span.set(_span_attributes(row))
-            done = self._attempt(row, claimed_at, span, parent is None)
+            done = self._attempt(row, claimed_at, span, parent is None and span.recording)
             record = done.record
             if span.recording:
                 span.set({"dispatcher.result": record.result, "dispatcher.status": record.status,

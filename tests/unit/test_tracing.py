@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dispatcher.config import ConfigError, TracingConfig, config_from_mapping
-from dispatcher.tracing import NO_SPAN, Tracer, carrier_of, current_context, is_sampled, trace_id_of
+from dispatcher.tracing import NO_SPAN, Tracer, carrier_of, current_context, is_sampled, keyed_trace, trace_id_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -371,3 +371,61 @@ class TestClaimedTraceText:
         _, headers = self.attempt(monkeypatch, tracer, "{broken")
         assert headers["traceparent"].split("-")[1] != PARENT_TRACE
         tracer.shutdown()
+
+
+KEYS = [f"evt_{n:05d}/{n * 7919}".encode() for n in range(400)]
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.01, 0.25, 0.5, 1.0])
+def test_a_keyed_trace_is_decided_as_the_sdks_trace_id_ratio_sampler_decides(ratio: float) -> None:
+    # keyed_trace's rule is OpenTelemetry's TraceIdRatioBased on the derived id: the same cases, both sides.
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace.sampling import Decision, TraceIdRatioBased
+
+    sdk = TraceIdRatioBased(ratio)
+    for key in KEYS:
+        trace_id, keep = keyed_trace(key, ratio)
+        assert 0 < trace_id < 1 << 128 and keyed_trace(key, ratio) == (trace_id, keep)
+        decided = sdk.should_sample(None, trace_id, "attempt").decision is Decision.RECORD_AND_SAMPLE
+        assert keep == decided, (key, ratio)
+    assert len({keyed_trace(key, ratio)[0] for key in KEYS}) == len(KEYS)
+
+
+class TestKeyedRoots:
+    """A delivery's attempts without a stored parent (issue 26's cost): the decision and the trace id
+    come from the row, so the row stores a context only once a trace is kept."""
+
+    def attempts(self, ratio: float, times: int = 2) -> tuple[list[Any], list[dict[str, str]]]:
+        pytest.importorskip("opentelemetry.sdk")
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        from dispatcher.engine.delivery import DeliveryMaker
+        from dispatcher.rules.retry import RetryPolicies, RetryPolicy
+        from dispatcher.store.engine import ClaimedRow
+
+        tracer = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=ratio), "test",
+                                    exporter=InMemorySpanExporter())
+        row = ClaimedRow(id=41, claim_token=1, grants_slot=True, endpoint_id=1, event_id="evt_keyed", attempt=1,
+                         mode="live", age=1.0, db_now=1.8e9, is_probe=False, event_type="job.done", sequence=1,
+                         occurred_at="", payload="{}", url="https://hooks.example.test/in", active=True,
+                         secret="s3cret", previous_secret=None, workspace_id="acme",
+                         event_trace=json.dumps({"traceparent": PRODUCER}), delivery_trace=None)
+        transport = _Recorder()
+        maker = DeliveryMaker(transport, RetryPolicies(RetryPolicy()), tracer=tracer)
+        records = [maker.attempt(row, 0.0).record for _ in range(times)]
+        tracer.shutdown()
+        return records, transport.headers
+
+    def test_attempts_not_kept_store_nothing_and_carry_one_trace_id(self) -> None:
+        records, headers = self.attempts(0.0)
+        expected = f"{keyed_trace(b'evt_keyed/41', 0.0)[0]:032x}"
+        assert [h["traceparent"].split("-")[1] for h in headers] == [expected, expected]
+        assert all(h["traceparent"].endswith("-00") for h in headers)
+        assert [r.trace_root for r in records] == [False, False], "an unkept root is not written back"
+        assert len({h["traceparent"] for h in headers}) == 2, "each attempt is a span of its own"
+
+    def test_a_kept_root_is_written_back_for_its_children(self) -> None:
+        records, headers = self.attempts(1.0, times=1)
+        (record,) = records
+        assert record.trace_root and record.traceparent == headers[0]["traceparent"]
+        assert is_sampled(record.traceparent) and record.trace_id == record.traceparent[3:35]
