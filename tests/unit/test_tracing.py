@@ -310,6 +310,17 @@ class _Recorder:
 PRODUCER = f"00-{'c' * 32}-{'d' * 16}-01"
 
 
+def claimed_row(row_id: int, event_id: str, attempt: int, delivery_trace: str | None) -> Any:
+    """A claimed row of an event produced inside a sampled span (PRODUCER), to a live endpoint."""
+    from dispatcher.store.engine import ClaimedRow
+
+    return ClaimedRow(id=row_id, claim_token=1, grants_slot=True, endpoint_id=1, event_id=event_id, attempt=attempt,
+                      mode="live", age=1.0, db_now=1.8e9, is_probe=False, event_type="job.done", sequence=1,
+                      occurred_at="", payload="{}", url="https://hooks.example.test/in", active=True,
+                      secret="s3cret", previous_secret=None, workspace_id="acme",
+                      event_trace=json.dumps({"traceparent": PRODUCER}), delivery_trace=delivery_trace)
+
+
 class TestClaimedTraceText:
     """The claim hands trace contexts over as JSON text; only a span that needs one parses it."""
 
@@ -317,7 +328,6 @@ class TestClaimedTraceText:
             list[str | None], dict[str, str]]:
         from dispatcher.engine import delivery as module
         from dispatcher.rules.retry import RetryPolicies, RetryPolicy
-        from dispatcher.store.engine import ClaimedRow
 
         parsed: list[str | None] = []
 
@@ -326,11 +336,7 @@ class TestClaimedTraceText:
             return carrier_of(text)
 
         monkeypatch.setattr(module, "carrier_of", counting)
-        row = ClaimedRow(id=1, claim_token=1, grants_slot=True, endpoint_id=1, event_id="evt_1", attempt=2,
-                         mode="live", age=1.0, db_now=1.8e9, is_probe=False, event_type="job.done", sequence=1,
-                         occurred_at="", payload="{}", url="https://hooks.example.test/in", active=True,
-                         secret="s3cret", previous_secret=None, workspace_id="acme",
-                         event_trace=json.dumps({"traceparent": PRODUCER}), delivery_trace=delivery)
+        row = claimed_row(1, "evt_1", attempt=2, delivery_trace=delivery)
         transport = _Recorder()
         done = module.DeliveryMaker(transport, RetryPolicies(RetryPolicy()), tracer=tracer).attempt(row, 0.0)
         assert done.record.status == "delivered"
@@ -401,15 +407,10 @@ class TestKeyedRoots:
 
         from dispatcher.engine.delivery import DeliveryMaker
         from dispatcher.rules.retry import RetryPolicies, RetryPolicy
-        from dispatcher.store.engine import ClaimedRow
 
         tracer = Tracer.from_config(TracingConfig(enabled=True, sample_ratio=ratio), "test",
                                     exporter=InMemorySpanExporter())
-        row = ClaimedRow(id=41, claim_token=1, grants_slot=True, endpoint_id=1, event_id="evt_keyed", attempt=1,
-                         mode="live", age=1.0, db_now=1.8e9, is_probe=False, event_type="job.done", sequence=1,
-                         occurred_at="", payload="{}", url="https://hooks.example.test/in", active=True,
-                         secret="s3cret", previous_secret=None, workspace_id="acme",
-                         event_trace=json.dumps({"traceparent": PRODUCER}), delivery_trace=None)
+        row = claimed_row(41, "evt_keyed", attempt=1, delivery_trace=None)
         transport = _Recorder()
         maker = DeliveryMaker(transport, RetryPolicies(RetryPolicy()), tracer=tracer)
         records = [maker.attempt(row, 0.0).record for _ in range(times)]
