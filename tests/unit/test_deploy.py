@@ -19,7 +19,7 @@ import yaml
 
 from dispatcher.config import load_config
 from dispatcher.rules.gates import PRODUCER_P99_S
-from dispatcher.rules.health import BacklogRule
+from dispatcher.rules.health import PARTITION_DAYS_AHEAD, BacklogRule
 from tests.support.metricsdoc import EMITTERS, documented, documented_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,6 +64,10 @@ def test_backlog_thresholds_are_the_rfcs_and_the_configs() -> None:
     assert rules["WebhookBacklogOldest"]["expr"].endswith(f"> {rule.oldest_age:g}")
     region = load_config(REPO / "config" / "region.yaml", env={}).alerts.backlog_rule()
     assert region == rule, "config/region.yaml and the alert rules must agree"
+
+
+def test_the_partitions_alert_fires_where_check_warns() -> None:
+    assert alert_rules()["WebhookPartitionsRunningOut"]["expr"].endswith(f"< {PARTITION_DAYS_AHEAD}")
 
 
 def test_every_alert_names_only_documented_metrics_and_has_a_runbook() -> None:
