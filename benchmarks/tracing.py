@@ -98,6 +98,11 @@ def _summary(order: list[str], measured: list[tuple[str, dict[str, Any]]],
         runs[label].append(drained)
     rate = {label: _mean([r["deliveries_per_s"] or 0.0 for r in done]) for label, done in runs.items()}
     cpu = {label: _mean([r["cpu_ms_per_delivery"]["dispatcher"] or 0.0 for r in done]) for label, done in runs.items()}
+    # Where the rest of a traced delivery's cost lands: Postgres (the events' contexts, the claim's text) and
+    # the receiver (one more header to parse).
+    others = {f"{group}_cpu_ms_per_delivery_{label}": round(_mean([r["cpu_ms_per_delivery"].get(group) or 0.0
+                                                                  for r in done]), 4)
+              for group in ("postgres", "receiver") for label, done in runs.items()}
     cost = round(1 - rate["on"] / rate["off"], 4) if rate["off"] else None
     # Each pair holds one drain of each setting, so the i-th off and the i-th on are a pair.
     pair_costs = [round(1 - (on["deliveries_per_s"] or 0.0) / off["deliveries_per_s"], 4)
@@ -116,7 +121,7 @@ def _summary(order: list[str], measured: list[tuple[str, dict[str, Any]]],
         "median_pair_cost": statistics.median([c for c in pair_costs if c is not None] or [0.0]),
         "dispatcher_cpu_ms_per_delivery_off": round(cpu["off"], 4),
         "dispatcher_cpu_ms_per_delivery_on": round(cpu["on"], 4),
-        "cpu_cost_per_delivery": cpu_cost,
+        "cpu_cost_per_delivery": cpu_cost, **others,
         "throughput_cost": cost, "target_cost": TARGET_COST,
         "otlp_exports": _Sink.exports, "otlp_bytes": _Sink.received,
         "others_cores": [r["machine"]["others_cores"] for _, r in measured],
@@ -132,6 +137,8 @@ def _summary(order: list[str], measured: list[tuple[str, dict[str, Any]]],
         ("throughput cost per pair (median)", f"{pair_costs} ({result['median_pair_cost']})", "report"),
         ("CPU ms/delivery dispatcher off / on", f"{result['dispatcher_cpu_ms_per_delivery_off']} / "
                                                 f"{result['dispatcher_cpu_ms_per_delivery_on']}", "report"),
+        ("CPU ms/delivery Postgres off / on", f"{others['postgres_cpu_ms_per_delivery_off']} / "
+                                              f"{others['postgres_cpu_ms_per_delivery_on']}", "report"),
         ("OTLP exports received", result["otlp_exports"], "report"),
         ("lost", lost, "0"),
     ]

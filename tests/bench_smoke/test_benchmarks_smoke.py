@@ -35,6 +35,7 @@ KEYS = {
     "hot": {"one_endpoint_10ms", "one_endpoint_fast", "spread_100_vs_1000", "hot_among_999", "errors"},
     "fairness": {"alone", "during_storm", "p50_ratio", "p99_ratio", "storm", "api_rss"},
     "tracing": {"deliveries_per_s_off", "deliveries_per_s_on", "throughput_cost", "otlp_exports", "pair_costs",
+                "postgres_cpu_ms_per_delivery_on",
                 "dispatcher_cpu_ms_per_delivery_on"},
     "partitions": {"sizes", "claim", "retention", "week", "errors"},
 }
