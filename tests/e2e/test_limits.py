@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,18 +112,26 @@ def test_a_hot_lane_keeps_its_slots_and_hands_them_on(db, write_config) -> None:
     assert status_counts(db.dsn) == {"delivered": 300}
 
 
+def drain_hot_endpoint_alone(db: Any, write_config: Any, *, answer_ms: int, total: int,
+                             workers: dict[str, Any], timeout: float = 90.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One worker (``run_lone_worker``) drains ``total`` rows of one endpoint answering after ``answer_ms``,
+    its lane held with 4 slots and a 60 s lease, plus ``workers``; returns its report and the receiver's."""
+    with ReceiverProcess(secrets=[SECRET]) as receiver:
+        seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=answer_ms)])
+        config = write_config(db, workers={"per_endpoint_concurrency": 4, "lane_hold": True, "lease": "60s",
+                                           **workers})
+        produce(config, db.dsn, "ws", total)
+        out = run_green("tests.support.faults:run_lone_worker", {
+            "config": str(config), "dsn": db.dsn, "total": total, "timeout": timeout}, timeout=150)
+        return out, receiver.endpoint("hot")
+
+
 def test_a_lone_process_takes_the_slots_its_peers_leave_free(db, write_config) -> None:
     # The region runs 2 processes, so a hot lane first takes its process's share, 2 of the endpoint's 4 slots,
     # leaving the rest to the peer.  Here the peer never comes (down, or still booting): the lane takes the 2
     # it leaves free once it has held its share for a moment, instead of running at half its slots.
-    with ReceiverProcess(secrets=[SECRET]) as receiver:
-        seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=20)])
-        config = write_config(db, workers={"processes": 2, "per_endpoint_concurrency": 4, "poll_interval": "50ms",
-                                           "lane_hold": True, "lane_turn": "10m", "lease": "60s"})
-        produce(config, db.dsn, "ws", 600)
-        out = run_green("tests.support.faults:run_lone_worker", {
-            "config": str(config), "dsn": db.dsn, "total": 600}, timeout=150)
-        seen = receiver.endpoint("hot")
+    out, seen = drain_hot_endpoint_alone(db, write_config, answer_ms=20, total=600,
+                                        workers={"processes": 2, "poll_interval": "50ms", "lane_turn": "10m"})
     assert out["all_done"], out
     assert out["most_held"] == 4, f"the lone process held all 4 slots at some point: {out}"
     assert out["ledger_after"] == [], "it handed them back when it stopped"
@@ -134,14 +143,8 @@ def test_a_lane_let_go_at_its_turn_is_claimed_again_without_an_idle_poll(db, wri
     # A lane lets its slots go round every lane_turn.  The rows still due are the claimer's to take again
     # as soon as the flush has given the slots back: here poll_interval is ten minutes, so a claimer that
     # waited for its idle poll after a turn would leave the rest undelivered until the test gives up.
-    with ReceiverProcess(secrets=[SECRET]) as receiver:
-        seed_workspace(db.dsn, "ws", [receiver.url("latency", "hot", ms=5)])
-        config = write_config(db, workers={"processes": 1, "per_endpoint_concurrency": 4, "poll_interval": "10m",
-                                           "lane_hold": True, "lane_turn": "200ms", "lease": "60s"})
-        produce(config, db.dsn, "ws", 400)
-        out = run_green("tests.support.faults:run_lone_worker", {
-            "config": str(config), "dsn": db.dsn, "total": 400, "timeout": 60.0}, timeout=150)
-        seen = receiver.endpoint("hot")
+    out, seen = drain_hot_endpoint_alone(db, write_config, answer_ms=5, total=400, timeout=60.0,
+                                        workers={"processes": 1, "poll_interval": "10m", "lane_turn": "200ms"})
     assert out["all_done"], f"rows were left after a turn: {out}"
     assert out["ledger_after"] == [], "the slots went back when the worker stopped"
     assert seen["max_concurrency"] <= 4, seen
