@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg2
 
 from dispatcher_devtools.kit import REPO, query
@@ -276,6 +277,25 @@ def settle(dispatcher: Any, dsn: str, predicate: Any, message: str, timeout: flo
                              "WHERE status = 'pending' ORDER BY id LIMIT 10")
         raise AssertionError(f"{exc}\nstatus counts: {status_counts(dsn)}\npending (first 10): {pending}\n"
                              f"log tail:\n{dispatcher.log()[-4000:]}") from None
+
+
+def unread_answers(pid: int, port: int) -> int:
+    """Bytes waiting unread in the receive queues of ``pid``'s TCP connections to ``port``.
+
+    A stopped process reads nothing, so an answer to a request it had in flight when it was
+    stopped waits in its socket: this is how a test tells a worker frozen mid-request from one
+    frozen holding only queued rows (the kernel's table, /proc/net/tcp, has no owner column;
+    psutil names the process's local ports)."""
+    local = {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+             if c.raddr and c.raddr.port == port}
+    unread = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port, remote_port = int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)
+            if local_port in local and remote_port == port:
+                unread += int(fields[4].split(":")[1], 16)
+    return unread
 
 
 # --------------------------------------------------------------------------- a hot lane held, then handed on
