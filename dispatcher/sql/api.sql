@@ -105,10 +105,16 @@ SELECT d.id, d.event_id, ev.type AS event_type, d.endpoint_id, d.status, d.attem
 -- name: api_delivery_attempts
 -- The caller passes only ids it already read under the workspace filter.  %(last)s: each delivery's
 -- last so many attempts only (NULL: all); of_delivery says how many the delivery has in all.
+-- %(first)s is the smallest of the ids: an attempt is written after its delivery, so its id's day
+-- (migration 0027) is never before the delivery's, and the planner reads only the attempts
+-- partitions from the day before the oldest delivery's on (the day's margin is for a clock that
+-- steps back across midnight).  A delivery from before 0027 has an id of no day: the bound is then
+-- below every id, and every partition is read.
 SELECT delivery_id, attempt, started_at, duration_ms, result, status_code, error, response_excerpt, trace_id, of_delivery
   FROM (SELECT a.*, row_number() OVER w AS from_end, count(*) OVER (PARTITION BY delivery_id) AS of_delivery
           FROM webhook_delivery_attempts a
          WHERE delivery_id = ANY (%(ids)s::bigint[])
+           AND a.id >= dispatcher_first_id(dispatcher_day_of_id(%(first)s::bigint) - 1)
         WINDOW w AS (PARTITION BY delivery_id ORDER BY attempt DESC, id DESC)) a
  WHERE %(last)s::int IS NULL OR from_end <= %(last)s::int
  ORDER BY delivery_id, attempt, id;

@@ -55,7 +55,7 @@ def _attempts(conn: Connection, ids: Sequence[int], last: int | None = None) -> 
     totals: dict[int, int] = dict.fromkeys(ids, 0)
     if not ids:
         return by_delivery, totals
-    for row in query_rows(conn, "api_delivery_attempts", {"ids": list(ids), "last": last}):
+    for row in query_rows(conn, "api_delivery_attempts", {"ids": list(ids), "first": min(ids), "last": last}):
         row["response_excerpt"] = _excerpt(row["response_excerpt"])
         delivery_id = row.pop("delivery_id")
         totals[delivery_id] = int(row.pop("of_delivery"))

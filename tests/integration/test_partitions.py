@@ -15,9 +15,12 @@ from datetime import date
 import pytest
 
 from dispatcher.rules import partitions
+from dispatcher.store.deliveries import get_delivery
 from dispatcher.store.engine import AttemptRecord, ClaimedRow, EngineStore, ManagedConnection
+from dispatcher.store.queries import QUERIES
 from dispatcher_devtools.kit import seed_workspace
 from tests.conftest import TestDatabase as Database
+from tests.support.partitions import partitions_read
 
 DAYS = [date(2020, 1, 1), date(2020, 1, 2), date(2024, 2, 29), date(2026, 1, 31), date(2026, 12, 31),
         date(2099, 12, 31), date(2019, 12, 31)]
@@ -223,3 +226,47 @@ def test_a_database_with_rows_of_0024_migrates_keeping_every_row_id_and_lease(
     assert id_ > before[-1][0], "ids keep increasing: API cursors by id keep their order"
     assert empty_db.query("SELECT table_name FROM partitioning WHERE legacy_until <= now() ORDER BY 1") == [
         ("events",), ("webhook_deliveries",), ("webhook_delivery_attempts",)]
+
+
+# ---------------------------------------------------------------- the API's attempts of a delivery
+
+
+def _attach_day(db: Database, table: str, day: date) -> None:
+    db.query(f"CREATE TABLE {partitions.partition_name(table, day)} PARTITION OF {table} "
+             "FOR VALUES FROM (%s) TO (%s)", (partitions.first_id(day), partitions.first_id(day) + 2**38))
+
+
+def test_a_delivery_s_attempts_are_read_from_its_day_before_on_and_all_found(db: Database) -> None:
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    today = _today(db).toordinal()
+    days = {n: date.fromordinal(today - n) for n in range(2, 7)}
+    for day in days.values():
+        _attach_day(db, "webhook_delivery_attempts", day)
+    _attach_day(db, "webhook_deliveries", days[4])
+    (delivery,), = db.query("INSERT INTO webhook_deliveries (id, workspace_id, endpoint_id, event_id, payload_hash, "
+                            "status) VALUES (%s, 'ws', %s, 'e', 'h', 'delivered') RETURNING id",
+                            (partitions.first_id(days[4]) + 1, endpoint))
+    # Retried across three days: the last attempt under today's id (DEFAULT: no partition of today here).
+    for attempt, first in enumerate((partitions.first_id(days[4]) + 5, partitions.first_id(days[3]) + 5, None), 1):
+        db.query("INSERT INTO webhook_delivery_attempts (id, delivery_id, endpoint_id, attempt, started_at, "
+                 "duration_ms, result) VALUES (coalesce(%s, dispatcher_next_id('webhook_delivery_attempts_id_seq')),"
+                 " %s, %s, %s, now(), 1, 'http_5xx')", (first, delivery, endpoint, attempt))
+    conn = db.connect()
+    try:
+        found = get_delivery(conn, "ws", delivery)
+    finally:
+        conn.close()
+    assert [a["attempt"] for a in found["attempts"]] == [1, 2, 3]
+
+    plan = "\n".join(r[0] for r in db.query("EXPLAIN (COSTS OFF) " + QUERIES["api_delivery_attempts"],
+                                            {"ids": [delivery], "first": delivery, "last": None}))
+    read = partitions_read(plan, "webhook_delivery_attempts")
+    names = {n: partitions.partition_name("webhook_delivery_attempts", day) for n, day in days.items()}
+    assert {names[5], names[4], names[3], names[2]} <= read, "its day, the day before it (a clock's margin), after"
+    assert names[6] not in read and "webhook_delivery_attempts_before" not in read, "nothing older is read"
+
+
+def test_a_delivery_from_before_the_day_ids_has_every_attempts_partition_read(db: Database) -> None:
+    plan = "\n".join(r[0] for r in db.query("EXPLAIN (COSTS OFF) " + QUERIES["api_delivery_attempts"],
+                                            {"ids": [7, partitions.first_id(_today(db))], "first": 7, "last": None}))
+    assert "webhook_delivery_attempts_before" in partitions_read(plan, "webhook_delivery_attempts")
