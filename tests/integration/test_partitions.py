@@ -85,6 +85,18 @@ def _store(db: Database) -> EngineStore:
     return EngineStore(ManagedConnection(db.dsn, "test"))
 
 
+def _attach_day(db: Database, table: str, day: date) -> None:
+    db.query(f"CREATE TABLE {partitions.partition_name(table, day)} PARTITION OF {table} "
+             "FOR VALUES FROM (%s) TO (%s)", (partitions.first_id(day), partitions.first_id(day) + 2**38))
+
+
+def _attempts_read(db: Database, ids: list[int]) -> set[str]:
+    """The attempts partitions the API's attempts query reads for ``ids``, as the store passes them."""
+    plan = db.query("EXPLAIN (COSTS OFF) " + QUERIES["api_delivery_attempts"],
+                    {"ids": ids, "first": min(ids), "last": None})
+    return partitions_read("\n".join(row[0] for row in plan), "webhook_delivery_attempts")
+
+
 def _delivered(row: ClaimedRow) -> AttemptRecord:
     return AttemptRecord(row.id, row.claim_token, row.endpoint_id, "delivered", row.attempt, 0.0, None, 200,
                          "delivered", time.monotonic(), 5, "ok")
@@ -120,8 +132,7 @@ def test_the_window_skips_older_partitions_until_a_row_there_is_due(db: Database
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     today = _today(db)
     old = date.fromordinal(today.toordinal() - 2)
-    db.query(f"CREATE TABLE {partitions.partition_name('webhook_deliveries', old)} PARTITION OF webhook_deliveries "
-             "FOR VALUES FROM (%s) TO (%s)", (partitions.first_id(old), partitions.first_id(old) + 2**38))
+    _attach_day(db, "webhook_deliveries", old)
     (id_,), = db.query("INSERT INTO webhook_deliveries (id, workspace_id, endpoint_id, event_id, payload_hash, "
                        "next_attempt_at) VALUES (%s, 'ws', %s, 'e', 'h', now() + interval '1 hour') RETURNING id",
                        (partitions.first_id(old) + 1, endpoint))
@@ -231,11 +242,6 @@ def test_a_database_with_rows_of_0024_migrates_keeping_every_row_id_and_lease(
 # ---------------------------------------------------------------- the API's attempts of a delivery
 
 
-def _attach_day(db: Database, table: str, day: date) -> None:
-    db.query(f"CREATE TABLE {partitions.partition_name(table, day)} PARTITION OF {table} "
-             "FOR VALUES FROM (%s) TO (%s)", (partitions.first_id(day), partitions.first_id(day) + 2**38))
-
-
 def test_a_delivery_s_attempts_are_read_from_its_day_before_on_and_all_found(db: Database) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     today = _today(db).toordinal()
@@ -258,15 +264,11 @@ def test_a_delivery_s_attempts_are_read_from_its_day_before_on_and_all_found(db:
         conn.close()
     assert [a["attempt"] for a in found["attempts"]] == [1, 2, 3]
 
-    plan = "\n".join(r[0] for r in db.query("EXPLAIN (COSTS OFF) " + QUERIES["api_delivery_attempts"],
-                                            {"ids": [delivery], "first": delivery, "last": None}))
-    read = partitions_read(plan, "webhook_delivery_attempts")
+    read = _attempts_read(db, [delivery])
     names = {n: partitions.partition_name("webhook_delivery_attempts", day) for n, day in days.items()}
     assert {names[5], names[4], names[3], names[2]} <= read, "its day, the day before it (a clock's margin), after"
     assert names[6] not in read and "webhook_delivery_attempts_before" not in read, "nothing older is read"
 
 
 def test_a_delivery_from_before_the_day_ids_has_every_attempts_partition_read(db: Database) -> None:
-    plan = "\n".join(r[0] for r in db.query("EXPLAIN (COSTS OFF) " + QUERIES["api_delivery_attempts"],
-                                            {"ids": [7, partitions.first_id(_today(db))], "first": 7, "last": None}))
-    assert "webhook_delivery_attempts_before" in partitions_read(plan, "webhook_delivery_attempts")
+    assert "webhook_delivery_attempts_before" in _attempts_read(db, [7, partitions.first_id(_today(db))])
