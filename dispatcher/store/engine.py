@@ -56,6 +56,18 @@ class _Plan:
 KEPT_PLANS = frozenset({"engine_breaker_touch"})
 CLAIM_PLAN_MODE = "force_custom_plan"
 
+# Statements that reach the outbox only by key or by walking an index in order, whose plan must
+# not hang on whether today's partition has statistics yet.  A day partition has none until
+# autovacuum first analyses it, a minute or more into its day (or into a new region's life).
+# Until then the planner guesses a few rows where there are thousands and ANDs two bitmap scans
+# (the due index and the window's id range on the primary key), then sorts, instead of walking
+# the due index: a claim took 1.7 s and a result write 150 ms (the `sustained` scenario,
+# docs/benchmarks.md).  SET LOCAL holds for the implicit transaction of the one round trip, so
+# behind a transaction pooler too; queries bounded by BRIN indexes (retention, the upkeep's
+# figures) run elsewhere and keep bitmap scans, the only way to use those indexes.
+NO_BITMAP_SCANS = frozenset({"engine_claim", "engine_record"})
+_NO_BITMAPS = "SET LOCAL enable_bitmapscan = off; "
+
 
 @functools.cache
 def _plan(name: str) -> _Plan:
@@ -151,9 +163,11 @@ class ManagedConnection:
         transaction pooler (PgBouncer ``pool_mode = transaction``) runs each
         statement on any server connection, where our PREPARE may not exist
         (or already exist: 42P05).  Each execution is then parsed and planned.
+        Either way, a statement of ``NO_BITMAP_SCANS`` comes after its SET LOCAL.
         """
+        guard = _NO_BITMAPS if name in NO_BITMAP_SCANS else ""
         if not self._use_prepared:
-            return QUERIES[name]
+            return guard + QUERIES[name]
         plan = _plan(name)
         if name not in self._prepared:
             cur.execute(plan.prepare)
@@ -162,9 +176,9 @@ class ManagedConnection:
         # when the statement wants the other one, in the same round trip.
         mode = "auto" if name in KEPT_PLANS else CLAIM_PLAN_MODE
         if mode == self._plan_mode:
-            return plan.execute
+            return guard + plan.execute
         self._plan_mode = mode
-        return f"SET plan_cache_mode = {mode}; {plan.execute}"
+        return f"SET plan_cache_mode = {mode}; {guard}{plan.execute}"
 
     @contextmanager
     def statement(self) -> Iterator[Any]:
