@@ -56,17 +56,25 @@ class _Plan:
 KEPT_PLANS = frozenset({"engine_breaker_touch"})
 CLAIM_PLAN_MODE = "force_custom_plan"
 
-# Statements that reach the outbox only by key or by walking an index in order, whose plan must
-# not hang on whether today's partition has statistics yet.  A day partition has none until
-# autovacuum first analyses it, a minute or more into its day (or into a new region's life).
-# Until then the planner guesses a few rows where there are thousands and ANDs two bitmap scans
-# (the due index and the window's id range on the primary key), then sorts, instead of walking
-# the due index: a claim took 1.7 s and a result write 150 ms (the `sustained` scenario,
-# docs/benchmarks.md).  SET LOCAL holds for the implicit transaction of the one round trip, so
-# behind a transaction pooler too; queries bounded by BRIN indexes (retention, the upkeep's
+# The engine's hot statements, each sent after SET LOCALs that keep its plan cheap whatever the
+# outbox's statistics say.  SET LOCAL holds for the implicit transaction of the one round trip, so
+# behind a transaction pooler too.
+#
+# No bitmap scans.  These statements reach the outbox only by key or by walking an index in order,
+# and their plan must not hang on whether today's partition has statistics yet.  A day partition
+# has none until autovacuum first analyses it, a minute or more into its day (or into a new
+# region's life).  Until then the planner guesses a few rows where there are thousands and ANDs
+# two bitmap scans (the due index and the window's id range on the primary key), then sorts,
+# instead of walking the due index: a claim took 1.7 s and a result write 150 ms (the `sustained`
+# scenario, docs/benchmarks.md).  Queries bounded by BRIN indexes (retention, the upkeep's
 # figures) run elsewhere and keep bitmap scans, the only way to use those indexes.
-NO_BITMAP_SCANS = frozenset({"engine_claim", "engine_record"})
-_NO_BITMAPS = "SET LOCAL enable_bitmapscan = off; "
+#
+# No JIT.  The claim's estimated cost passes jit_above_cost (100,000 by default) once the walk's
+# row guesses grow with the outbox, and Postgres then compiled 274 functions for every claim:
+# 300-800 ms of a CPU for a statement that runs in a few, 60 of the 106 s the claims took in
+# `sustained` (docs/benchmarks.md).  Compiling never pays for statements this short.
+GUARDED_PLANS = frozenset({"engine_claim", "engine_record"})
+_PLAN_GUARD = "SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off; "
 
 
 @functools.cache
@@ -163,9 +171,9 @@ class ManagedConnection:
         transaction pooler (PgBouncer ``pool_mode = transaction``) runs each
         statement on any server connection, where our PREPARE may not exist
         (or already exist: 42P05).  Each execution is then parsed and planned.
-        Either way, a statement of ``NO_BITMAP_SCANS`` comes after its SET LOCAL.
+        Either way, a statement of ``GUARDED_PLANS`` comes after its SET LOCALs.
         """
-        guard = _NO_BITMAPS if name in NO_BITMAP_SCANS else ""
+        guard = _PLAN_GUARD if name in GUARDED_PLANS else ""
         if not self._use_prepared:
             return guard + QUERIES[name]
         plan = _plan(name)
