@@ -288,22 +288,26 @@ class Worker:
 
     def _refills(self, room: int) -> list[tuple[int, int, bool]]:
         """(endpoint, rows wanted, renew) for each lane that needs more rows or a renewed lease;
-        marks what is asked, within ``room``."""
+        marks what is asked, within ``room``.  An empty lane this claim asks nothing for goes back."""
         now = time.monotonic()
         refill: list[tuple[int, int, bool]] = []
-        if self._lane_budget(1) < 2:  # no lane can queue ahead (LanePolicy.budget, refill)
-            return refill
+        roomy = self._lane_budget(1) >= 2  # some lane can queue ahead (LanePolicy.budget, refill)
         # The emptiest lanes first: when room is short, it goes where senders would wait.
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
             if lane.asked or lane.closing or not lane.grants:
                 continue
             want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started,
-                                                      self._lane_budget(lane.slots)))
-            renew = self._lane_policy.renewal_due(now - lane.renewed)
+                                                      self._lane_budget(lane.slots))) if roomy else 0
+            renew = roomy and self._lane_policy.renewal_due(now - lane.renewed)
             if want > 0 or renew:
                 room -= max(want, 0)
                 lane.asked = max(want, 0)
                 refill.append((endpoint_id, lane.asked, renew))
+            elif not lane.queue and not lane.active and not self._keeps(lane):
+                # _settle kept it for this claim, which asks it nothing: its turn ended meanwhile
+                # (a slow claim), or other lanes took its budget.  Nothing else would look at it
+                # again before its lease's renewal, so its slots go back now.
+                self._give_back(endpoint_id, lane)
         return refill
 
     def _settle_refills(self, refill: list[tuple[int, int, bool]], rows: list[ClaimedRow], answered: bool) -> None:
