@@ -144,19 +144,26 @@ def _plan_as_run(db: Database, name: str, params: dict[str, Any], prepared: bool
         connection.close()
 
 
+def _pending_outbox(db: Database, rows: int, endpoints: int, results: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Write ``rows`` pending deliveries over ``endpoints`` endpoints, with no statistics taken; the
+    parameters of a claim over today's window, and of a result write for the first ``results`` rows."""
+    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+             "SELECT 'w', 1 + i %% %s, 'e' || i, 'h' FROM generate_series(1, %s) i", (endpoints, rows))
+    (floor, ceiling), = db.query("SELECT floor, ceiling FROM dispatcher_claim_window()")
+    ids = [row[0] for row in db.query("SELECT id FROM webhook_deliveries ORDER BY id LIMIT %s", (results,))]
+    written = json.dumps([{"id": i, "token": 1, "status": "delivered", "attempt": 1, "delay": 0, "result": "delivered",
+                           "started_ago": 0.1, "duration_ms": 5, "endpoint_id": 1} for i in ids])
+    return {**PARAMS, "floor": floor, "ceiling": ceiling}, {"results": written, "slots": "[]", "ids": ids}
+
+
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "pooler"])
 def test_the_claim_and_the_result_write_walk_indexes_on_a_partition_never_analysed(
         db: Database, prepared: bool) -> None:
     # Today's partition as in its first minute: thousands of rows, no statistics yet.  The
     # planner's guesses then favour bitmap scans ANDed and sorted (1.7 s a claim in `sustained`).
-    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-             "SELECT 'w', 1 + i % 200, 'e' || i, 'h' FROM generate_series(1, 8000) i")
-    (floor, ceiling), = db.query("SELECT floor, ceiling FROM dispatcher_claim_window()")
-    ids = [row[0] for row in db.query("SELECT id FROM webhook_deliveries ORDER BY id LIMIT 200")]
-    results = json.dumps([{"id": i, "token": 1, "status": "delivered", "attempt": 1, "delay": 0, "result": "delivered",
-                           "started_ago": 0.1, "duration_ms": 5, "endpoint_id": 1} for i in ids])
-    claim = _plan_as_run(db, "engine_claim", {**PARAMS, "floor": floor, "ceiling": ceiling}, prepared)
-    record = _plan_as_run(db, "engine_record", {"results": results, "slots": "[]", "ids": ids}, prepared)
+    claim_params, record_params = _pending_outbox(db, rows=8000, endpoints=200, results=200)
+    claim = _plan_as_run(db, "engine_claim", claim_params, prepared)
+    record = _plan_as_run(db, "engine_record", record_params, prepared)
     assert "Bitmap" not in claim, claim
     assert "Bitmap" not in record, record
 
@@ -169,17 +176,10 @@ def test_the_claim_and_the_result_write_are_never_compiled_by_jit(db: Database, 
     # With jit_above_cost at 0 every statement would be compiled, unless the engine's own
     # SET LOCAL turns JIT off.  The Settings line shows that setting on any server, and where
     # the server can compile (pg_jit_available()), the JIT section is missing too.
-    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-             "SELECT 'w', 1 + i % 20, 'e' || i, 'h' FROM generate_series(1, 400) i")
-    (floor, ceiling), = db.query("SELECT floor, ceiling FROM dispatcher_claim_window()")
-    ids = [row[0] for row in db.query("SELECT id FROM webhook_deliveries ORDER BY id LIMIT 50")]
-    results = json.dumps([{"id": i, "token": 1, "status": "delivered", "attempt": 1, "delay": 0, "result": "delivered",
-                           "started_ago": 0.1, "duration_ms": 5, "endpoint_id": 1} for i in ids])
+    claim_params, record_params = _pending_outbox(db, rows=400, endpoints=20, results=50)
     options, every_plan_compiled = "ANALYZE, SETTINGS, COSTS OFF, TIMING OFF", "SET jit_above_cost = 0"
-    claim = _plan_as_run(db, "engine_claim", {**PARAMS, "floor": floor, "ceiling": ceiling}, prepared,
-                         options, every_plan_compiled)
-    record = _plan_as_run(db, "engine_record", {"results": results, "slots": "[]", "ids": ids}, prepared,
-                          options, every_plan_compiled)
+    claim = _plan_as_run(db, "engine_claim", claim_params, prepared, options, every_plan_compiled)
+    record = _plan_as_run(db, "engine_record", record_params, prepared, options, every_plan_compiled)
     for plan in (claim, record):
         assert "jit = 'off'" in plan, plan
         assert "JIT:" not in plan, plan
