@@ -191,8 +191,15 @@ class Worker:
         self._breaker = config.breaker.policy()
         self._lanes: dict[int, Lane] = {}
         workers = config.workers
+        # The room a claim keeps for its walk, however much its lanes' refills could take: the
+        # claimer claims once a quarter batch of room is free.  A refill that took all the room
+        # left its claim no walk, and the claimer then walked at once in a claim of its own: two
+        # statements, each planned, for one lane's rows.
+        self._walk_room = max(1, min(workers.claim_batch, workers.max_in_flight) // 4)
+        # A refill is bounded by the lane's budget and horizon, not by the walk's batch: one claim
+        # may bring a hot lane hundreds of rows (docs/claim.md, "Queueing ahead").
         self._lane_policy = LanePolicy(workers.lease, config.http.timeout, workers.lane_horizon, workers.lane_turn,
-                                       workers.claim_batch, workers.lane_hold)
+                                       max(1, workers.max_in_flight - self._walk_room), workers.lane_hold)
         # This process's share of an endpoint's slots while it is slot-bound with few lanes: a hot
         # endpoint's lane is then served by every process of the host at once, not by whichever
         # claimed it first.  Otherwise a visit takes the whole room, as a visit costs the database
@@ -249,10 +256,8 @@ class Worker:
         workers = self.config.workers
         while not self._stopping.is_set():
             self._wake.clear()
-            room = workers.max_in_flight - self._held
-            refill = self._refills(room)
-            want = min(workers.claim_batch, room - sum(asked for _, asked, _ in refill))
-            if not refill and want < max(1, min(workers.claim_batch, workers.max_in_flight) // 4) and self._held:
+            refill, want = self._asks()
+            if not refill and want < self._walk_room and self._held:
                 self._room.clear()
                 self._room.wait(workers.poll_interval)
                 continue
@@ -278,13 +283,31 @@ class Worker:
                                         {"dispatcher.rows": len(rows), "dispatcher.owner": self.owner})
             self._accept(rows)
             self._settle_refills(refill, rows, answered=True)
-            if len(rows) < want:
-                # Idle (nothing due): look again after poll_interval.  Busy (the
-                # claim found rows but fewer than it could take): rows keep
-                # arriving, so look again soon, or pick-up latency under steady
-                # load would be poll_interval / 2 on average, not a few ms.  A
-                # lane running low wakes the claimer at once (_wake).
-                self._wake.wait(workers.poll_interval if not rows else min(workers.poll_interval, BUSY_POLL))
+            pause = self._pause_after(rows, want)
+            if pause is not None:
+                self._wake.wait(pause)
+
+    def _asks(self) -> tuple[list[tuple[int, int, bool]], int]:
+        """The next claim's refills, and the rows its walk asks for: what the process may still
+        hold, the refills first, less ``_walk_room`` kept for the walk."""
+        workers = self.config.workers
+        room = workers.max_in_flight - self._held
+        refill = self._refills(room - self._walk_room)
+        return refill, min(workers.claim_batch, room - sum(asked for _, asked, _ in refill))
+
+    def _pause_after(self, rows: list[ClaimedRow], want: int) -> float | None:
+        """How long the claimer waits after a claim whose walk asked ``want`` rows and that took
+        ``rows``; None: claim again at once (the walk took all it asked).
+
+        Idle (the walk found nothing due): poll_interval.  Busy (it found rows but fewer than it
+        could take): rows keep arriving, so look again soon, or pick-up latency under steady load
+        would be poll_interval / 2 on average, not a few ms.  Only the walk's rows count: a lane's
+        refilled rows say nothing of other endpoints, and a lane running low wakes the claimer at
+        once (_wake), so a hot lane alone made a claim every BUSY_POLL that walked for nothing."""
+        walked = sum(1 for row in rows if row.grants_slot)
+        if walked >= want:
+            return None
+        return self.config.workers.poll_interval if not walked else min(self.config.workers.poll_interval, BUSY_POLL)
 
     def _refills(self, room: int) -> list[tuple[int, int, bool]]:
         """(endpoint, rows wanted, renew) for each lane that needs more rows or a renewed lease;
