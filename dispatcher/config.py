@@ -242,7 +242,8 @@ class DatabaseConfig:
 class WorkersConfig:
     processes: int = setting(_processes("auto"), _processes, "worker processes; 'auto' = one per core",
                              shown="auto")
-    claim_batch: int = setting(200, _positive_int, "rows claimed per claim transaction at most")
+    claim_batch: int = setting(200, _positive_int,
+                               "rows one claim's endpoint walk takes at most (lanes' refills come on top)")
     per_endpoint_concurrency: int = setting(4, _positive_int,
                                             "requests in flight to one endpoint, across every process and host")
     poll_interval: float = setting(0.5, parse_duration, "how often an idle worker looks for due rows")
