@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(300)
 KEYS = {
     "ceiling": {"transports", "receiver", "bare_loop"},
     "throughput": {"deliveries_per_s", "cpu_ms_per_delivery", "ratio_to_ceiling", "outbox_after", "statsd", "log"},
-    "sustained": {"achieved_ratio", "backlog_age", "commit_to_first_attempt", "healthy_commit_to_2xx"},
+    "sustained": {"produced_ratio", "achieved_ratio", "backlog_age", "commit_to_first_attempt",
+                  "healthy_commit_to_2xx"},
     "isolation": {"healthy_commit_to_2xx", "p99_ratio_to_sustained", "receiver"},
     "producer": {"added_p50_ms", "added_p99_ms", "send_call", "baseline_txn"},
     "outage": {"dead_after_s", "recovered_rows", "received_events"},
