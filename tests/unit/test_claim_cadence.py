@@ -17,18 +17,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatcher.config import config_from_mapping
 from dispatcher.engine.worker import BUSY_POLL, Lane, Worker
 from dispatcher.store.engine import ClaimedRow
-
-UNREACHABLE = "postgresql://dispatcher@127.0.0.1:9/never"
+from tests.unit.unconnected import unconnected_worker
 
 
 def _worker(**workers: Any) -> Worker:
-    config = config_from_mapping({"database": {"dsn": UNREACHABLE},
-                                  "workers": {"processes": 2, "lease": "60s", "poll_interval": "500ms",
-                                              **workers}}, env={})
-    return Worker(config, UNREACHABLE, "unit:a")
+    return unconnected_worker(processes=2, poll_interval="500ms", **workers)
 
 
 def _hot_lane(worker: Worker, endpoint_id: int, slots: int, mean: float) -> Lane:

@@ -12,18 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatcher.config import config_from_mapping
 from dispatcher.engine.worker import Lane, Worker
 from dispatcher.rules.lane import LanePolicy
-
-# Never connected: the lane bookkeeping under test is the worker's own, in memory.
-UNREACHABLE = "postgresql://dispatcher@127.0.0.1:9/never"
+from tests.unit.unconnected import unconnected_worker
 
 
 def _worker(**workers: Any) -> Worker:
-    config = config_from_mapping({"database": {"dsn": UNREACHABLE},
-                                  "workers": {"processes": 1, "lease": "60s", "lane_turn": "5s", **workers}}, env={})
-    return Worker(config, UNREACHABLE, "unit:a")
+    # Never connected: the lane bookkeeping under test is the worker's own, in memory.
+    return unconnected_worker(processes=1, lane_turn="5s", **workers)
 
 
 def _idle_lane(worker: Worker, endpoint_id: int, slots: int, held_for: float) -> Lane:
