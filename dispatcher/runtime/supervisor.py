@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import select
 import signal
 import socket
@@ -103,6 +104,9 @@ class Supervisor:
         self._running_config = self._dir / "config.yaml"
         self._keep_running_config(text)
         self._spawned = 0
+        # A random part in every worker's name: a supervisor given the pid of one that died must
+        # not reuse its workers' names, which stay retired for a day after release (migration 0029).
+        self._name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._crashes = 0
         self._next_spawn_at = 0.0
         # Each wait for the database is bounded (runtime/deadline.py, installed by
@@ -217,7 +221,7 @@ class Supervisor:
 
     def _spawn(self) -> WorkerProcess:
         self._spawned += 1
-        owner = f"{socket.gethostname()}:{os.getpid()}:w{self._spawned}"
+        owner = self._owner(self._spawned)
         heartbeat = self._dir / f"w{self._spawned}"
         heartbeat.write_bytes(b"")
         env = dict(os.environ, **{WORKER_DSN_ENV: self.dsn})
@@ -227,6 +231,10 @@ class Supervisor:
                                    start_new_session=True)
         log.info("spawned worker %s (pid %d)", owner, process.pid)
         return WorkerProcess(process, owner, heartbeat)
+
+    def _owner(self, n: int) -> str:
+        """The name of the n-th worker spawned: what ``locked_by`` and lane entries hold."""
+        return f"{self._name}:w{n}"
 
     def _reap(self) -> int | None:
         for worker in list(self.workers):
@@ -314,7 +322,7 @@ class Supervisor:
         """Tell status how the fleet stopped: without it, a region whose workers had all left cleanly looked
         as if none had ever run.  Best effort: a database that is gone costs the record, not the stop."""
         host, pid = socket.gethostname(), os.getpid()
-        owners = [f"{host}:{pid}:w{n}" for n in range(1, self._spawned + 1)]
+        owners = [self._owner(n) for n in range(1, self._spawned + 1)]
         try:
             record_stop(self._connection, self.config.region, owners, how, host, pid)
         except Exception as exc:  # a StoreError or a bounded wait's timeout: the stop goes on

@@ -29,6 +29,11 @@
 -- it reads only the day partitions that can hold a pending row.
 WITH RECURSIVE token AS (
     SELECT nextval('webhook_claim_tokens') AS value
+), fence AS MATERIALIZED (
+    -- False once the supervisor has released this owner (it died with this
+    -- claim on the wire): then nothing below writes.  While true, it holds the
+    -- owner's lock, so a release waits for this claim to commit (0029).
+    SELECT dispatcher_owner_live(%(owner)s) AS live
 ), probe_ids AS (
     UPDATE endpoint_state s
        SET state = 'half_open', open_until = now() + make_interval(secs => %(lease)s), updated_at = now()
@@ -36,7 +41,7 @@ WITH RECURSIVE token AS (
             SELECT o.endpoint_id FROM endpoint_state o
              -- breaker.BreakerPolicy.admits: a missing deadline counts as lapsed
              WHERE o.state <> 'closed' AND (o.open_until IS NULL OR o.open_until <= now())
-               AND o.endpoint_id <> ALL (%(busy)s::bigint[])
+               AND o.endpoint_id <> ALL (%(busy)s::bigint[]) AND (SELECT live FROM fence)
                -- a paused endpoint is never probed (a straggler row: see candidates); an
                -- anti-join, so the planner still drives the EXISTS below from endpoint_state
                AND NOT EXISTS (SELECT 1 FROM webhook_endpoints p
@@ -89,6 +94,7 @@ WITH RECURSIVE token AS (
     UPDATE endpoint_leases l SET until = now() + make_interval(secs => %(lease)s)
       FROM json_to_recordset(%(refill)s::json) AS f(endpoint_id bigint, want int, renew boolean)
      WHERE l.endpoint_id = f.endpoint_id AND f.renew AND l.owner = %(owner)s AND l.claim_token > 0
+       AND (SELECT live FROM fence)
 ), after_cursor(endpoint_id) AS (
     (SELECT endpoint_id FROM webhook_deliveries
       WHERE status = 'pending' AND endpoint_id > %(after)s AND id >= %(floor)s AND id < %(ceiling)s
@@ -165,7 +171,7 @@ WITH RECURSIVE token AS (
     INSERT INTO endpoint_rate AS r (endpoint_id, tokens, refilled_at, last_taken)
     SELECT c.endpoint_id, dispatcher_bucket_after(c.max_per_second, NULL, 0, count(*)), now(), count(*)
       FROM candidates c
-     WHERE c.max_per_second IS NOT NULL
+     WHERE c.max_per_second IS NOT NULL AND (SELECT live FROM fence)
      GROUP BY c.endpoint_id, c.max_per_second
     ON CONFLICT (endpoint_id) DO UPDATE
        SET tokens = dispatcher_bucket_after(
@@ -183,7 +189,7 @@ WITH RECURSIVE token AS (
      -- list) made the sets look large.
      WHERE w.id = ANY (ARRAY(SELECT id FROM probe_rows UNION ALL SELECT id FROM candidates
                              UNION ALL SELECT id FROM refill_rows))
-       AND w.id >= %(floor)s AND w.id < %(ceiling)s
+       AND w.id >= %(floor)s AND w.id < %(ceiling)s AND (SELECT live FROM fence)
     RETURNING w.id, w.workspace_id, w.endpoint_id, w.event_id, w.attempt, w.mode, w.created_at, w.claim_token,
               w.trace_context, w.held_seconds, w.event_day,
               w.id <> ALL (ARRAY(SELECT id FROM refill_rows)) AS slot
@@ -397,16 +403,9 @@ RETURNING w.id;
 -- name: engine_release_owner
 -- The supervisor hands back every row a dead worker had claimed, their lane
 -- slots, and its upkeep lease, so another process takes the region over at its next round
--- instead of when the lease lapses.
-WITH leader AS (
-    DELETE FROM region_leader WHERE owner = %(owner)s
-), lanes AS (
-    DELETE FROM endpoint_leases WHERE owner = %(owner)s
-)
-UPDATE webhook_deliveries
-   SET locked_by = NULL, locked_until = NULL, claim_token = NULL
- WHERE status = 'pending' AND locked_by = %(owner)s
-RETURNING id;
+-- instead of when the lease lapses.  The owner is retired first, once a claim
+-- of it still in flight has committed: a later one takes nothing (0029).
+SELECT dispatcher_release_owner(%(owner)s) AS released;
 
 -- name: engine_hold_leadership
 -- The region's upkeep leader holds a lease row, renewed every upkeep round;
@@ -528,6 +527,11 @@ RETURNING w.id;
 -- name: engine_prune_leases
 -- Lane entries whose lease lapsed count for nothing (dispatcher_lane_free);
 -- the upkeep leader deletes them so the ledger stays as small as what is in flight.
+-- A retired owner's name fences claims that come after its release (0029):
+-- a day outlives any statement of a dead process.
+WITH retired AS (
+    DELETE FROM retired_owners WHERE retired_at < now() - interval '1 day'
+)
 DELETE FROM endpoint_leases WHERE until < now();
 
 -- name: engine_prune_deliveries

@@ -465,6 +465,36 @@ BEGIN
 END;
 $function$;
 
+CREATE OR REPLACE FUNCTION public.dispatcher_owner_live(owner text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(3605, hashtext(owner));
+    RETURN NOT EXISTS (SELECT 1 FROM retired_owners r WHERE r.owner = dispatcher_owner_live.owner);
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_release_owner(owner text)
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    released bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(3605, hashtext(owner));
+    INSERT INTO retired_owners AS r (owner) VALUES (dispatcher_release_owner.owner)
+    ON CONFLICT ON CONSTRAINT retired_owners_pkey DO UPDATE SET retired_at = now();
+    DELETE FROM region_leader l WHERE l.owner = dispatcher_release_owner.owner;
+    DELETE FROM endpoint_leases l WHERE l.owner = dispatcher_release_owner.owner;
+    UPDATE webhook_deliveries
+       SET locked_by = NULL, locked_until = NULL, claim_token = NULL
+     WHERE status = 'pending' AND locked_by = dispatcher_release_owner.owner;
+    GET DIAGNOSTICS released = ROW_COUNT;
+    RETURN released;
+END;
+$function$;
+
 CREATE TABLE workspaces (
     id                 text NOT NULL,
     secret             text NOT NULL,
@@ -779,6 +809,12 @@ CREATE TABLE events (
     CONSTRAINT events_pkey PRIMARY KEY (workspace_id, id, day),
     CONSTRAINT events_workspace_id_sequence_day_key UNIQUE (workspace_id, sequence, day)
 ) PARTITION BY RANGE (day);
+
+CREATE TABLE retired_owners (
+    owner      text NOT NULL,
+    retired_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT retired_owners_pkey PRIMARY KEY (owner)
+);
 
 CREATE TABLE events_before PARTITION OF events
     FOR VALUES FROM (MINVALUE) TO ('2000-01-02');

@@ -496,7 +496,8 @@ class EngineStore:
     def release_owner(self, owner: str) -> int:
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_release_owner"], {"owner": owner})
-            return len(cur.fetchall())
+            ((released,),) = cur.fetchall()
+            return int(released)
 
     def hold_leadership(self, region: str, owner: str, lease: float) -> bool:
         """Take or renew the region's leader lease (``region_leader``); True while ``owner`` holds it.
@@ -578,7 +579,8 @@ class EngineStore:
             return int(row[0]), int(row[1])
 
     def prune_lapsed_leases(self) -> int:
-        """Delete lane entries whose lease lapsed (they already count for nothing)."""
+        """Delete lane entries whose lease lapsed (they already count for nothing), and owner names
+        retired more than a day ago (migration 0029); returns the lane entries deleted."""
         with self._conn.statement() as cur:
             cur.execute(QUERIES["engine_prune_leases"])
             return int(cur.rowcount)

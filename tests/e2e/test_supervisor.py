@@ -230,6 +230,23 @@ def test_int_is_a_fast_shutdown_that_releases_leases(db, make_config, tmp_path: 
     assert status_counts(db.dsn) == {"pending": 80}
 
 
+def test_worker_names_are_not_reused_by_a_supervisor_with_the_same_pid(make_config) -> None:
+    # A released name stays retired, and fences out every claim made in it (migration 0029): a
+    # supervisor given a dead one's pid must still name its workers afresh.
+    from dispatcher.config import load_config
+    from dispatcher.runtime.supervisor import Supervisor
+
+    config = load_config(make_config())
+    first, second = Supervisor(config, config.database.dsn), Supervisor(config, config.database.dsn)
+    try:
+        names = {first._owner(1), second._owner(1)}
+    finally:
+        first._cleanup()
+        second._cleanup()
+    assert len(names) == 2
+    assert all(name.split(":")[1] == str(os.getpid()) and name.endswith(":w1") for name in names)
+
+
 # --------------------------------------------------------------------------- crashes and health
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 
+import psycopg2
 import pytest
 
 from dispatcher.store import QUERIES
@@ -102,6 +106,59 @@ def test_release_hands_rows_back_at_once_and_their_slots_when_named(db) -> None:
     assert store.release_owner("w2") == 4
     assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL") == [(0,)]
     assert query(db.dsn, "SELECT count(*) FROM endpoint_leases") == [(0,)]
+
+
+def test_a_claim_after_its_owners_release_takes_nothing(db) -> None:
+    # A worker that died with a claim on the wire: the server runs it after the supervisor released the
+    # owner (docs/claim.md, "A dead owner's last claim").  It must take no row and no slot.
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 4)
+    store = _store(db)
+    assert store.release_owner("gone") == 0
+    assert store.claim("gone", 10, 4, [], 0, 300.0) == []
+    assert store.claim("gone", 0, 4, [], 0, 300.0, refill=[(endpoint, 4, True)]) == []
+    assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL") == [(0,)]
+    assert query(db.dsn, "SELECT count(*) FROM endpoint_leases") == [(0,)]
+    assert len(store.claim("alive", 10, 4, [], 0, 300.0)) == 4, "another owner claims as before"
+
+
+def test_releasing_an_owner_waits_for_its_claim_in_flight(db) -> None:
+    # The claim is held inside its statement, past the point where it leases rows: a rate-limited
+    # endpoint's bucket row is locked by another session, so the claim's token payment waits.  A release
+    # of the owner meanwhile must not return before the claim has committed, or the claim's rows would
+    # stay leased (and its slots held) by a dead owner until the lease lapsed.
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 3)
+    query(db.dsn, "UPDATE webhook_endpoints SET max_per_second = 100")
+    query(db.dsn, "INSERT INTO endpoint_rate (endpoint_id, tokens, refilled_at) VALUES (%s, 100, now())", (endpoint,))
+    blocker = psycopg2.connect(db.dsn)
+    try:
+        with blocker.cursor() as cur:
+            cur.execute("SELECT 1 FROM endpoint_rate WHERE endpoint_id = %s FOR UPDATE", (endpoint,))
+        with ThreadPoolExecutor(2) as pool:
+            claim = pool.submit(_store(db).claim, "dying", 10, 4, [], 0, 300.0)
+            _wait_for_lock_waiters(db, 1)
+            release = pool.submit(_store(db).release_owner, "dying")
+            with contextlib.suppress(FuturesTimeout):
+                release.result(timeout=1.0)  # without the fence it returns here, having released nothing
+            blocker.commit()
+            assert len(claim.result(timeout=30)) == 3
+            assert release.result(timeout=30) == 3
+    finally:
+        blocker.close()
+    assert query(db.dsn, "SELECT count(*) FROM webhook_deliveries WHERE locked_by IS NOT NULL") == [(0,)]
+    assert query(db.dsn, "SELECT count(*) FROM endpoint_leases") == [(0,)]
+
+
+def _wait_for_lock_waiters(db, count: int) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ((waiting,),) = query(db.dsn, "SELECT count(*) FROM pg_stat_activity "
+                                      "WHERE datname = current_database() AND wait_event_type = 'Lock'")
+        if waiting >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{count} sessions never waited for a lock")
 
 
 def test_results_keep_the_slots_until_the_lane_names_what_it_keeps(db) -> None:
