@@ -231,6 +231,15 @@ def test_upkeep_deletes_lapsed_lane_entries(db) -> None:
     assert query(db.dsn, "SELECT owner, leased FROM endpoint_leases") == [("live", 4)]
 
 
+def test_upkeep_forgets_owner_names_retired_over_a_day_ago(db) -> None:
+    store = _store(db)
+    store.release_owner("old")
+    store.release_owner("recent")
+    query(db.dsn, "UPDATE retired_owners SET retired_at = now() - interval '25 hours' WHERE owner = 'old'")
+    store.prune_lapsed_leases()
+    assert query(db.dsn, "SELECT owner FROM retired_owners") == [("recent",)]
+
+
 def test_open_breaker_rows_are_skipped_and_exactly_one_probe_is_claimed(db) -> None:
     (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
     _pending(db, endpoint, 5)
