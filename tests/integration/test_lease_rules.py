@@ -168,6 +168,14 @@ def test_the_claim_and_the_result_write_walk_indexes_on_a_partition_never_analys
     assert "Bitmap" not in record, record
 
 
+def _claim_and_record_plans(db: Database, prepared: bool, explain: str, session: str) -> tuple[str, str]:
+    """The plans of a claim and a result write over a small pending outbox, as the engine runs them
+    on a connection where ``session`` ran first (a server's settings)."""
+    claim_params, record_params = _pending_outbox(db, rows=400, endpoints=20, results=50)
+    return (_plan_as_run(db, "engine_claim", claim_params, prepared, explain, session),
+            _plan_as_run(db, "engine_record", record_params, prepared, explain, session))
+
+
 @pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "pooler"])
 def test_the_claim_and_the_result_write_are_never_compiled_by_jit(db: Database, prepared: bool) -> None:
     # A claim's estimated cost passes jit_above_cost (100,000 by default) once the walk's guesses
@@ -176,11 +184,8 @@ def test_the_claim_and_the_result_write_are_never_compiled_by_jit(db: Database, 
     # With jit_above_cost at 0 every statement would be compiled, unless the engine's own
     # SET LOCAL turns JIT off.  The Settings line shows that setting on any server, and where
     # the server can compile (pg_jit_available()), the JIT section is missing too.
-    claim_params, record_params = _pending_outbox(db, rows=400, endpoints=20, results=50)
-    options, every_plan_compiled = "ANALYZE, SETTINGS, COSTS OFF, TIMING OFF", "SET jit_above_cost = 0"
-    claim = _plan_as_run(db, "engine_claim", claim_params, prepared, options, every_plan_compiled)
-    record = _plan_as_run(db, "engine_record", record_params, prepared, options, every_plan_compiled)
-    for plan in (claim, record):
+    every_plan_compiled = "SET jit_above_cost = 0"
+    for plan in _claim_and_record_plans(db, prepared, "ANALYZE, SETTINGS, COSTS OFF, TIMING OFF", every_plan_compiled):
         assert "jit = 'off'" in plan, plan
         assert "JIT:" not in plan, plan
 
@@ -192,11 +197,7 @@ def test_the_claim_and_the_result_write_prune_partitions_without_constraint_excl
     # partition pruning alone: refuting the DEFAULT partition's constraint as well cost 17 % of
     # the claim's planning (docs/benchmarks.md).  Even on a server set to constraint_exclusion = on,
     # the DEFAULT partition stays out of both plans.
-    claim_params, record_params = _pending_outbox(db, rows=400, endpoints=20, results=50)
-    options, server = "SETTINGS, COSTS OFF", "SET constraint_exclusion = on"
-    claim = _plan_as_run(db, "engine_claim", claim_params, prepared, options, server)
-    record = _plan_as_run(db, "engine_record", record_params, prepared, options, server)
-    for plan in (claim, record):
+    for plan in _claim_and_record_plans(db, prepared, "SETTINGS, COSTS OFF", "SET constraint_exclusion = on"):
         assert "constraint_exclusion = 'off'" in plan, plan
         assert "webhook_deliveries_default" not in plan, plan
         assert re.search(r"webhook_deliveries_p\d{8}", plan), plan
