@@ -78,7 +78,7 @@ CLAIM_PLAN_MODE = "force_custom_plan"
 # (by the claim's window, by the write's ids) already leaves out every partition they need not
 # read, the DEFAULT one included.  On top of it the planner still tried to refute the DEFAULT
 # partition's constraint (the negation of every other partition's bounds) for each of the claim's
-# nine scans of the outbox: 17 % of the claim's planning, and 8-12 % of Postgres' CPU per delivery
+# nine scans of the outbox: 17 % of the claim's planning, and about 7 % of Postgres' CPU per delivery
 # in W1 (docs/benchmarks.md, "Planning the claim").  Turned off, the plans are the same.
 GUARDED_PLANS = frozenset({"engine_claim", "engine_record"})
 _PLAN_GUARD = "SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off; SET LOCAL constraint_exclusion = off; "
