@@ -249,7 +249,7 @@ class WorkersConfig:
     poll_interval: float = setting(0.5, parse_duration, "how often an idle worker looks for due rows")
     lease: float = setting(60.0, parse_duration, "how long a claim is owned before another worker may take it")
     max_in_flight: int = setting(512, _positive_int, "deliveries a process holds (queued + sending) at most")
-    flush_interval: float = setting(0.05, parse_duration, "how long results wait before their batched write")
+    flush_interval: float = setting(0.02, parse_duration, "how long results wait before their batched write")
     lane_hold: bool = setting(True, _boolean,
                               "keep an endpoint's slots while this process has rows for it (docs/claim.md)")
     lane_horizon: float = setting(0.25, parse_duration,
