@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
 
 import psycopg2
 import pytest
 
 from dispatcher.store import QUERIES
 from dispatcher.store.engine import EVERY_ID, AttemptRecord, ClaimedRow, EngineStore, ManagedConnection, SlotEntry
-from dispatcher_devtools.kit import query, seed_workspace
+from dispatcher_devtools.kit import query, seed_workspace, wait_until
 from tests.support.partitions import canonical_plan
 
 
@@ -137,10 +135,10 @@ def test_releasing_an_owner_waits_for_its_claim_in_flight(db) -> None:
             cur.execute("SELECT 1 FROM endpoint_rate WHERE endpoint_id = %s FOR UPDATE", (endpoint,))
         with ThreadPoolExecutor(2) as pool:
             claim = pool.submit(_store(db).claim, "dying", 10, 4, [], 0, 300.0)
-            _wait_for_lock_waiters(db, 1)
+            wait_until(lambda: _lock_waiters(db) >= 1, message="the claim waiting for the bucket's lock")
             release = pool.submit(_store(db).release_owner, "dying")
-            with contextlib.suppress(FuturesTimeout):
-                release.result(timeout=1.0)  # without the fence it returns here, having released nothing
+            # Without the fence the release ends here, having released nothing; with it, it waits.
+            wait_until(lambda: release.done() or _lock_waiters(db) >= 2, message="the release ended or waiting")
             blocker.commit()
             assert len(claim.result(timeout=30)) == 3
             assert release.result(timeout=30) == 3
@@ -150,15 +148,11 @@ def test_releasing_an_owner_waits_for_its_claim_in_flight(db) -> None:
     assert query(db.dsn, "SELECT count(*) FROM endpoint_leases") == [(0,)]
 
 
-def _wait_for_lock_waiters(db, count: int) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        ((waiting,),) = query(db.dsn, "SELECT count(*) FROM pg_stat_activity "
-                                      "WHERE datname = current_database() AND wait_event_type = 'Lock'")
-        if waiting >= count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{count} sessions never waited for a lock")
+def _lock_waiters(db) -> int:  # type: ignore[no-untyped-def]
+    """Sessions of the test's database waiting for a lock."""
+    ((waiting,),) = query(db.dsn, "SELECT count(*) FROM pg_stat_activity "
+                                  "WHERE datname = current_database() AND wait_event_type = 'Lock'")
+    return int(waiting)
 
 
 def test_results_keep_the_slots_until_the_lane_names_what_it_keeps(db) -> None:
