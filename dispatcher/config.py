@@ -247,6 +247,9 @@ class WorkersConfig:
     per_endpoint_concurrency: int = setting(4, _positive_int,
                                             "requests in flight to one endpoint, across every process and host")
     poll_interval: float = setting(0.5, parse_duration, "how often an idle worker looks for due rows")
+    wake_interval: float = setting(0.05, parse_duration,
+                                   "how often an idle worker, between polls, reads whether new rows may have "
+                                   "come (one cheap read, not a claim); at poll_interval or more: never")
     lease: float = setting(60.0, parse_duration, "how long a claim is owned before another worker may take it")
     max_in_flight: int = setting(512, _positive_int, "deliveries a process holds (queued + sending) at most")
     flush_interval: float = setting(0.02, parse_duration, "how long results wait before their batched write")

@@ -51,6 +51,7 @@ from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, BreakerWrite, Signal
 from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.lane import FIRST_GUESS, LanePolicy, running_mean
+from dispatcher.rules.wake import WakeWatch
 from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import EVERY_ID, ClaimedRow, ClaimWindow, EngineStore, ManagedConnection, SlotEntry
@@ -217,6 +218,7 @@ class Worker:
         self._flush_now = gevent.event.Event()
         self._stopping = gevent.event.Event()
         self._cursor = 0
+        self._wake_watch = WakeWatch()  # what an idle worker has seen of new rows (rules.wake)
         self._upkeep_runner: Upkeep | None = None
         # Senders with no lane to serve, each waiting for the next (a stack of them: the most
         # recently parked, whose memory is warmest, goes first).
@@ -285,7 +287,30 @@ class Worker:
             self._settle_refills(refill, rows, answered=True)
             pause = self._pause_after(rows, want)
             if pause is not None:
-                self._wake.wait(pause)
+                self._wait_for_rows(pause)
+
+    def _wait_for_rows(self, pause: float) -> None:
+        """Wait ``pause`` or until woken; meanwhile read every ``workers.wake_interval`` whether
+        new rows may have come (``rules.wake``), and end the wait if so.  An idle worker would
+        otherwise see a burst up to a poll_interval late; a claim at every tick instead would
+        cost the database a planned claim where this costs a read of a sequence."""
+        interval = self.config.workers.wake_interval
+        ends = time.monotonic() + pause
+        while (left := ends - time.monotonic()) > interval:
+            if self._wake.wait(interval) or self._stopping.is_set() or self._new_rows():
+                return
+        self._wake.wait(max(left, 0.0))
+
+    def _new_rows(self) -> bool:
+        """Whether a claim now may find rows its last one could not see (``WakeWatch``).  A
+        failed read says no: the claim after the pause meets the database's trouble itself."""
+        try:
+            with self._claims_lock:
+                mark = self._claims.wake_mark()
+        except StoreError:
+            return False
+        self._wake_watch, claim = self._wake_watch.after(mark)
+        return claim
 
     def _asks(self) -> tuple[list[tuple[int, int, bool]], int]:
         """The next claim's refills, and the rows its walk asks for: what the process may still

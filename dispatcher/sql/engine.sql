@@ -453,6 +453,17 @@ SELECT (SELECT count(*) FROM (
 -- The claim's window of ids (docs/claim.md, "The claim's window").
 SELECT floor, ceiling FROM dispatcher_claim_window();
 
+-- name: engine_wake_mark
+-- What an idle worker reads between claims (rules/wake.py; docs/claim.md,
+-- "Waking for new rows"): how many ids the outbox's sequence has handed out
+-- (every new row takes one), and the transactions in progress, whose rows a
+-- claim cannot see yet.  It reads no table and plans in microseconds, unlike a
+-- claim.  Not the snapshot's xip: a transaction whose id is past every
+-- completed one's is in progress without being listed there.
+SELECT (SELECT last_value - (NOT is_called)::int FROM webhook_deliveries_id_seq) AS last_id,
+       ARRAY(SELECT backend_xid::text::bigint FROM pg_stat_activity
+              WHERE backend_xid IS NOT NULL) AS in_progress;
+
 -- name: engine_record_backlog
 -- The round's backlog figures, kept for the rollout gates (migration 0016),
 -- and the backlog alert's episode: opened by the first round that fires it,

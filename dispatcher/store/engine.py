@@ -25,6 +25,7 @@ from dispatcher.redact import storable
 from dispatcher.rules.breaker import BreakerBatch, BreakerWrite, EndpointBreaker
 from dispatcher.rules.health import BacklogFigures, BacklogRule
 from dispatcher.rules.retry import HELD_EXPIRED, LAST_CHANCE_SPENT
+from dispatcher.rules.wake import WakeMark
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES, Connection, DatabaseUnavailable, connect, connect_each, named_rows
 from dispatcher.store.errors import translate
@@ -423,6 +424,14 @@ class EngineStore:
             cur.execute(QUERIES["engine_claim_window"])
             ((floor, ceiling),) = cur.fetchall()
             return ClaimWindow(int(floor), int(ceiling))
+
+    def wake_mark(self) -> WakeMark:
+        """The outbox's id sequence and the transactions in progress (``engine_wake_mark``),
+        read by an idle worker between claims (``rules.wake``)."""
+        with self._conn.statement() as cur:
+            cur.execute(QUERIES["engine_wake_mark"])
+            ((last_id, in_progress),) = cur.fetchall()
+            return WakeMark(int(last_id), frozenset(in_progress))
 
     def record(self, records: Sequence[AttemptRecord], slots: Sequence[SlotEntry] = ()) -> set[int]:
         """Write a batch of results and what this process's lane entries hold now (``slots``);
