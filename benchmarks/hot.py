@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.ceiling import bare_process, bare_result
-from benchmarks.harness import DispatcherRun, EngineSetup, engine_setup, insert_backlog, load_average
+from benchmarks.harness import DispatcherRun, EngineSetup, drained_probe, engine_setup, insert_backlog, load_average
 from benchmarks.nginx import NginxMissing, nginx_binary
 from benchmarks.throughput import drain
 from dispatcher_devtools.kit import SECRET, seed_workspaces, wait_until
@@ -130,11 +130,10 @@ def engine_drain(setup: EngineSetup, *, endpoints: dict[str, list[str]], backlog
         committed = time.time()
         conn.close()
         try:
-            wait_until(lambda: setup.db.scalar("SELECT NOT EXISTS (SELECT 1 FROM webhook_deliveries WHERE "
-                                               "status = 'pending' AND endpoint_id = ANY (%s))",
-                                               (group_ids[watched],)),
-                       timeout=max(120.0, watched_rows / FLOOR_PER_S), interval=0.2,
-                       message=f"the {watched} endpoints to drain")
+            with drained_probe(setup.db, "SELECT NOT EXISTS (SELECT 1 FROM webhook_deliveries WHERE "
+                               "status = 'pending' AND endpoint_id = ANY (%s))", (group_ids[watched],)) as drained:
+                wait_until(drained, timeout=max(120.0, watched_rows / FLOOR_PER_S), interval=0.2,
+                           message=f"the {watched} endpoints to drain")
         finally:
             cpu = meter.stop()
         figures = {name: _group(setup, members, committed) for name, members in group_ids.items()}

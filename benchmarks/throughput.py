@@ -24,6 +24,7 @@ from benchmarks.harness import (
     MachineCpu,
     bloat,
     cpu_split,
+    drained_probe,
     engine_setup,
     insert_backlog,
     leaves,
@@ -98,9 +99,9 @@ def drain(*, events: int, workspaces: int = 100, endpoints_per_workspace: int = 
                 # NOT EXISTS stops at the first pending row of the due index: a count(*)
                 # here read the whole outbox five times a second (56 ms a call at
                 # 200,000 rows), CPU taken from the engine being measured.
-                wait_until(lambda: db.scalar("SELECT NOT EXISTS (SELECT 1 FROM webhook_deliveries"
-                                             " WHERE status = 'pending')"),
-                           timeout=timeout, interval=0.2, message="the outbox to drain")
+                with drained_probe(db, "SELECT NOT EXISTS (SELECT 1 FROM webhook_deliveries"
+                                   " WHERE status = 'pending')") as drained:
+                    wait_until(drained, timeout=timeout, interval=0.2, message="the outbox to drain")
             finally:
                 cpu = meter.stop()
                 machine_load = machine_cpu.stop(cpu["dispatcher"] + cpu["postgres_all_databases"] + cpu["receiver"]
