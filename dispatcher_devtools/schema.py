@@ -213,6 +213,18 @@ def indexes(conn: Connection) -> list[str]:
          ORDER BY i.indexrelid""", (SCHEMA, list(LEFT_OUT)))]
 
 
+def partition_index_options(conn: Connection) -> list[str]:
+    """Storage options a partition's index holds apart from its parent's (0030: the due index's
+    deduplicate_items): a partitioned index cannot take them, so each partition's index is altered."""
+    return [f"ALTER INDEX {name} SET ({', '.join(options)});" for name, options in rows(conn, """
+        SELECT c.oid::regclass::text, c.reloptions
+          FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid JOIN pg_class p ON p.oid = h.inhparent
+          JOIN pg_index i ON i.indexrelid = c.oid JOIN pg_class t ON t.oid = i.indrelid
+         WHERE c.relnamespace = %s::regnamespace AND c.relkind = 'i' AND t.relname !~ %s
+           AND c.reloptions IS DISTINCT FROM p.reloptions
+         ORDER BY c.oid""", (SCHEMA, DATED_PARTITION))]
+
+
 def functions(conn: Connection) -> tuple[list[str], list[str]]:
     """Functions in creation order: those a table may call (a column default), and those
     whose arguments or result name a table's row type, which must wait for the tables."""
@@ -303,7 +315,7 @@ def render(conn: Connection) -> str:
         deferred += later
     plain_functions, row_typed_functions = functions(conn)
     sections = [created_sequences, plain_functions, table_statements, deferred + ownerships, indexes(conn),
-                row_typed_functions, views(conn), triggers(conn), comments(conn)]
+                partition_index_options(conn), row_typed_functions, views(conn), triggers(conn), comments(conn)]
     body = "\n\n".join("\n\n".join(section) for section in sections if section)
     return f"{HEADER}\n{body}\n"
 

@@ -398,6 +398,7 @@ BEGIN
         -- HOT updates of the lease columns depend on the room fillfactor leaves (docs/claim.md).
         EXECUTE format('CREATE TABLE %I PARTITION OF webhook_deliveries FOR VALUES FROM (%s) TO (%s) '
                        'WITH (fillfactor = 50)', name, dispatcher_first_id(day), dispatcher_first_id(day + 1));
+        PERFORM dispatcher_due_entries_apart(name::regclass);
     ELSIF parent = 'webhook_delivery_attempts' THEN
         EXECUTE format('CREATE TABLE %I PARTITION OF webhook_delivery_attempts FOR VALUES FROM (%s) TO (%s)',
                        name, dispatcher_first_id(day), dispatcher_first_id(day + 1));
@@ -492,6 +493,24 @@ BEGIN
      WHERE status = 'pending' AND locked_by = dispatcher_release_owner.owner;
     GET DIAGNOSTICS released = ROW_COUNT;
     RETURN released;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION public.dispatcher_due_entries_apart(part regclass)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    index_name regclass;
+BEGIN
+    FOR index_name IN
+        SELECT c.oid::regclass FROM pg_inherits i
+          JOIN pg_class c ON c.oid = i.inhrelid
+          JOIN pg_index x ON x.indexrelid = c.oid
+         WHERE i.inhparent = 'webhook_deliveries_due'::regclass AND x.indrelid = part
+    LOOP
+        EXECUTE format('ALTER INDEX %s SET (deduplicate_items = off)', index_name);
+    END LOOP;
 END;
 $function$;
 
@@ -897,6 +916,10 @@ CREATE INDEX webhook_delivery_attempts_delivery ON public.webhook_delivery_attem
 CREATE INDEX webhook_delivery_attempts_started_brin ON public.webhook_delivery_attempts USING brin (started_at);
 
 CREATE INDEX webhook_delivery_attempts_endpoint ON public.webhook_delivery_attempts USING btree (endpoint_id, started_at);
+
+ALTER INDEX webhook_deliveries_before_endpoint_id_next_attempt_at_idx SET (deduplicate_items=off);
+
+ALTER INDEX webhook_deliveries_default_endpoint_id_next_attempt_at_idx SET (deduplicate_items=off);
 
 CREATE OR REPLACE FUNCTION public.dispatcher_claim_events(workspace_ids text[], event_ids text[], days date[])
  RETURNS TABLE(workspace_id text, event_id text, event_day date, ev events)
