@@ -96,23 +96,29 @@ WITH RECURSIVE token AS (
      WHERE l.endpoint_id = f.endpoint_id AND f.renew AND l.owner = %(owner)s AND l.claim_token > 0
        AND (SELECT live FROM fence)
 ), after_cursor(endpoint_id) AS (
+    -- Each step orders by (endpoint_id, next_attempt_at), the due index's key,
+    -- though it takes only the endpoint: ordered by endpoint_id alone, the
+    -- planner could step through the (endpoint_id, id) index, which holds
+    -- every row, and then read each delivered row of an endpoint before its
+    -- first pending one (docs/claim.md, "Merged index entries").
     (SELECT endpoint_id FROM webhook_deliveries
       WHERE status = 'pending' AND endpoint_id > %(after)s AND id >= %(floor)s AND id < %(ceiling)s
-      ORDER BY endpoint_id LIMIT 1)
+      ORDER BY endpoint_id, next_attempt_at LIMIT 1)
     UNION ALL
     SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
              WHERE d.status = 'pending' AND d.endpoint_id > a.endpoint_id
                AND d.id >= %(floor)s AND d.id < %(ceiling)s
-             ORDER BY d.endpoint_id LIMIT 1)
+             ORDER BY d.endpoint_id, d.next_attempt_at LIMIT 1)
       FROM after_cursor a WHERE a.endpoint_id IS NOT NULL
 ), before_cursor(endpoint_id) AS (
     (SELECT endpoint_id FROM webhook_deliveries
-      WHERE status = 'pending' AND id >= %(floor)s AND id < %(ceiling)s ORDER BY endpoint_id LIMIT 1)
+      WHERE status = 'pending' AND id >= %(floor)s AND id < %(ceiling)s
+      ORDER BY endpoint_id, next_attempt_at LIMIT 1)
     UNION ALL
     SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
              WHERE d.status = 'pending' AND d.endpoint_id > b.endpoint_id
                AND d.id >= %(floor)s AND d.id < %(ceiling)s
-             ORDER BY d.endpoint_id LIMIT 1)
+             ORDER BY d.endpoint_id, d.next_attempt_at LIMIT 1)
       FROM before_cursor b WHERE b.endpoint_id IS NOT NULL AND b.endpoint_id <= %(after)s
 ), endpoints AS (
     SELECT endpoint_id FROM after_cursor WHERE endpoint_id IS NOT NULL

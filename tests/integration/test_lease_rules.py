@@ -121,6 +121,31 @@ def test_the_claim_finds_its_rows_through_the_due_index(db: Database) -> None:
     assert "Index Scan using webhook_deliveries_due on webhook_deliveries" in plan, plan
 
 
+def test_the_endpoint_walk_steps_through_the_due_index(db: Database) -> None:
+    """Each step of the claim's walk finds the next endpoint with a pending row.  The outbox's
+    (endpoint_id, id) index also serves ``endpoint_id > $1`` with the claim's window of ids, and
+    at some sizes the planner preferred it: a step then read every delivered row of an endpoint
+    before its first pending one (docs/benchmarks.md, "Merged index entries")."""
+    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
+             "SELECT 'w', 1 + i % 1000, 'e' || i, 'h' FROM generate_series(1, 100000) i")
+    db.query("ANALYZE webhook_deliveries")
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET plan_cache_mode = force_custom_plan")
+            cur.execute("SELECT floor, ceiling FROM dispatcher_claim_window()")
+            (floor, ceiling), = cur.fetchall()
+            cur.execute("EXPLAIN (COSTS OFF) " + QUERIES["engine_claim"],
+                        {**PARAMS, "floor": floor, "ceiling": ceiling})
+            plan = canonical_plan(db.dsn, "\n".join(row[0] for row in cur.fetchall()))
+    finally:
+        conn.rollback()
+        conn.close()
+    # Every scan of the outbox by endpoint: the walk's two starts and two steps, the probes, refills
+    # and candidates.  (A step's plan is printed as a SubPlan, away from its CTE.)
+    assert "webhook_deliveries_endpoint " not in plan, plan
+
+
 def _plan_as_run(db: Database, name: str, params: dict[str, Any], prepared: bool,
                  explain: str = "COSTS OFF", session: str | None = None) -> str:
     """The plan of query ``name`` as the engine's connection runs it (``ManagedConnection.prepared``):
