@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg2
@@ -30,7 +32,7 @@ PAGES_A_LOOK = 25
 LOOKS = 40
 
 DUE_SCAN = ("SELECT id FROM webhook_deliveries WHERE endpoint_id = %(endpoint)s AND status = 'pending' "
-            "ORDER BY next_attempt_at LIMIT 1")
+            "ORDER BY next_attempt_at LIMIT %(rows)s")
 
 
 def _burst(dsn: str) -> None:
@@ -47,35 +49,35 @@ def _burst(dsn: str) -> None:
           {"n": BURST})
 
 
-def _deliver_oldest(dsn: str, endpoint_id: int) -> None:
-    """Deliver the first ROUND pending rows in the due index's order, as the engine's lane does."""
+@contextmanager
+def _due_index_cursor(dsn: str) -> Iterator[Any]:
+    """A cursor in a transaction of its own whose scans by endpoint go through the due index."""
     conn = psycopg2.connect(dsn)
     try:
         with conn, conn.cursor() as cur:
             cur.execute("SET LOCAL enable_seqscan = off")
             cur.execute("SET LOCAL enable_bitmapscan = off")
-            cur.execute("SELECT id FROM webhook_deliveries WHERE endpoint_id = %s AND status = 'pending' "
-                        "ORDER BY next_attempt_at LIMIT %s", (endpoint_id, ROUND))
-            ids = [row[0] for row in cur.fetchall()]
-            cur.execute("UPDATE webhook_deliveries SET status = 'delivered', delivered_at = now(), "
-                        "finished_at = now() WHERE id = ANY (%s)", (ids,))
+            yield cur
     finally:
         conn.close()
+
+
+def _deliver_oldest(dsn: str, endpoint_id: int) -> None:
+    """Deliver the first ROUND pending rows in the due index's order, as the engine's lane does."""
+    with _due_index_cursor(dsn) as cur:
+        cur.execute(DUE_SCAN, {"endpoint": endpoint_id, "rows": ROUND})
+        ids = [row[0] for row in cur.fetchall()]
+        cur.execute("UPDATE webhook_deliveries SET status = 'delivered', delivered_at = now(), "
+                    "finished_at = now() WHERE id = ANY (%s)", (ids,))
 
 
 def _due_scan_pages(dsn: str, endpoint_id: int) -> int:
-    """Shared buffers one due scan of the endpoint hits, through the due index."""
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn, conn.cursor() as cur:
-            cur.execute("SET LOCAL enable_seqscan = off")
-            cur.execute("SET LOCAL enable_bitmapscan = off")
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + DUE_SCAN, {"endpoint": endpoint_id})
-            plan: dict[str, Any] = cur.fetchone()[0][0]["Plan"]
-        assert "webhook_deliveries_due" in str(plan) or "next_attempt_at_idx" in str(plan), plan
-        return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))
-    finally:
-        conn.close()
+    """Shared buffers one due scan of the endpoint (its first pending row) hits."""
+    with _due_index_cursor(dsn) as cur:
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + DUE_SCAN, {"endpoint": endpoint_id, "rows": 1})
+        plan: dict[str, Any] = cur.fetchone()[0][0]["Plan"]
+    assert "next_attempt_at_idx" in str(plan), plan  # a partition's due index
+    return int(plan["Shared Hit Blocks"]) + int(plan.get("Shared Read Blocks", 0))
 
 
 def _settled_scan_pages(dsn: str, endpoint_id: int) -> int:

@@ -96,9 +96,11 @@ def test_the_lease_test_is_inlined_in_every_query(db: Database) -> None:
         conn.close()
 
 
-def test_the_claim_finds_its_rows_through_the_due_index(db: Database) -> None:
+def _claim_plan_over(db: Database, rows: int, endpoints: int) -> str:
+    """EXPLAIN (COSTS OFF) of a claim over today's window, once ``rows`` pending deliveries over
+    ``endpoints`` endpoints are written and analysed."""
     db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-             "SELECT 'w', 1 + i % 50, 'e' || i, 'h' FROM generate_series(1, 5000) i")
+             "SELECT 'w', 1 + i %% %s, 'e' || i, 'h' FROM generate_series(1, %s) i", (endpoints, rows))
     db.query("ANALYZE webhook_deliveries")
     conn = db.connect()
     try:
@@ -108,10 +110,14 @@ def test_the_claim_finds_its_rows_through_the_due_index(db: Database) -> None:
             (floor, ceiling), = cur.fetchall()  # the worker's window: today's partition holds the rows
             cur.execute("EXPLAIN (COSTS OFF) " + QUERIES["engine_claim"],
                         {**PARAMS, "floor": floor, "ceiling": ceiling})
-            plan = "\n".join(row[0] for row in cur.fetchall())
+            return "\n".join(row[0] for row in cur.fetchall())
     finally:
         conn.rollback()
         conn.close()
+
+
+def test_the_claim_finds_its_rows_through_the_due_index(db: Database) -> None:
+    plan = _claim_plan_over(db, rows=5000, endpoints=50)
     # A partition no row was ever written to (tomorrow's) has no page to read: a seq scan of it
     # costs nothing, and the planner rightly picks one.  Any other is a scan of the outbox.
     scanned = set(re.findall(r"Seq Scan on (webhook_deliveries\w*)", plan))
@@ -125,22 +131,8 @@ def test_the_endpoint_walk_steps_through_the_due_index(db: Database) -> None:
     """Each step of the claim's walk finds the next endpoint with a pending row.  The outbox's
     (endpoint_id, id) index also serves ``endpoint_id > $1`` with the claim's window of ids, and
     at some sizes the planner preferred it: a step then read every delivered row of an endpoint
-    before its first pending one (docs/benchmarks.md, "Merged index entries")."""
-    db.query("INSERT INTO webhook_deliveries (workspace_id, endpoint_id, event_id, payload_hash) "
-             "SELECT 'w', 1 + i % 1000, 'e' || i, 'h' FROM generate_series(1, 100000) i")
-    db.query("ANALYZE webhook_deliveries")
-    conn = db.connect()
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SET plan_cache_mode = force_custom_plan")
-            cur.execute("SELECT floor, ceiling FROM dispatcher_claim_window()")
-            (floor, ceiling), = cur.fetchall()
-            cur.execute("EXPLAIN (COSTS OFF) " + QUERIES["engine_claim"],
-                        {**PARAMS, "floor": floor, "ceiling": ceiling})
-            plan = canonical_plan(db.dsn, "\n".join(row[0] for row in cur.fetchall()))
-    finally:
-        conn.rollback()
-        conn.close()
+    before its first pending one (docs/claim.md, "Merged index entries")."""
+    plan = canonical_plan(db.dsn, _claim_plan_over(db, rows=100_000, endpoints=1000))
     # Every scan of the outbox by endpoint: the walk's two starts and two steps, the probes, refills
     # and candidates.  (A step's plan is printed as a SubPlan, away from its CTE.)
     assert "webhook_deliveries_endpoint " not in plan, plan
