@@ -93,9 +93,13 @@ def _one_run(reconnect_max: str | None, promote_after: float, events: int) -> di
             wait_until(lambda: expected <= capture.by_event().keys(), timeout=90, interval=0.2,
                        message="every committed event delivered")
             # Only the new primary records anything after the promotion began (a result
-            # written in the instant before the crash is older, and replicated).
-            (first_delivery,) = query(dsn, "SELECT extract(epoch FROM min(delivered_at)) FROM webhook_deliveries "
-                                           "WHERE delivered_at >= to_timestamp(%s)", (promoted_wall,))[0]
+            # written in the instant before the crash is older, and replicated).  A result is
+            # recorded after its POST is captured, by a result connection that may still be
+            # reconnecting: wait for it rather than read it once.
+            first_delivery = wait_until(
+                lambda: query(dsn, "SELECT extract(epoch FROM min(delivered_at)) FROM webhook_deliveries "
+                                   "WHERE delivered_at >= to_timestamp(%s)", (promoted_wall,))[0][0],
+                timeout=60, interval=0.2, message="a delivery recorded on the new primary")
             log = dispatcher.log_path.read_text(errors="replace")
         posts = capture.by_event()
     return {
