@@ -79,7 +79,8 @@ def machine() -> dict[str, Any]:
             cur.execute("SHOW server_version")
             version = cur.fetchone()[0]
             cur.execute("SELECT name, setting FROM pg_settings WHERE name IN ('shared_buffers', "
-                        "'synchronous_commit', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor', 'fsync')")
+                        "'synchronous_commit', 'autovacuum', 'autovacuum_naptime', 'autovacuum_vacuum_scale_factor', "
+                        "'fsync')")
             settings = dict(cur.fetchall())
     finally:
         conn.close()
