@@ -9,7 +9,15 @@ import psycopg2
 import pytest
 
 from dispatcher.store import QUERIES
-from dispatcher.store.engine import EVERY_ID, AttemptRecord, ClaimedRow, EngineStore, ManagedConnection, SlotEntry
+from dispatcher.store.engine import (
+    EVERY_ID,
+    AttemptRecord,
+    ClaimedRow,
+    EngineStore,
+    ManagedConnection,
+    SlotEntry,
+    claimed_rows,
+)
 from dispatcher_devtools.kit import query, seed_workspace, wait_until
 from tests.support.partitions import canonical_plan
 
@@ -343,3 +351,21 @@ def test_the_claim_hands_trace_contexts_over_as_text(db) -> None:
     first, second = sorted(_store(db).claim("w", 10, 4, [], 0, 30.0), key=lambda r: r.id)
     assert (first.event_trace, first.delivery_trace) == (producer, '{"traceparent": "00-ab"}')
     assert (second.event_trace, second.delivery_trace) == (producer, None)
+
+
+def _select_fields(names: tuple[str, ...]) -> str:
+    """A SELECT of every ClaimedRow field, in ``names`` order, each a value its name tells apart."""
+    return "SELECT " + ", ".join(f"'{name}'::text AS {name}" for name in names)
+
+
+def test_claimed_rows_are_matched_to_their_fields_by_column_name(db) -> None:
+    fields = ClaimedRow._fields
+    with psycopg2.connect(db.dsn) as conn, conn.cursor() as cur:
+        for names in (fields, tuple(reversed(fields))):
+            cur.execute(_select_fields(names))
+            (row,) = claimed_rows(cur)
+            assert type(row) is ClaimedRow
+            assert all(getattr(row, name) == name for name in fields), names
+        cur.execute(_select_fields(tuple(name for name in fields if name != "secret")) + ", 1 AS surplus")
+        with pytest.raises(ValueError, match=r"missing \['secret'\], extra \['surplus'\]"):
+            claimed_rows(cur)
