@@ -95,39 +95,35 @@ WITH RECURSIVE token AS (
       FROM json_to_recordset(%(refill)s::json) AS f(endpoint_id bigint, want int, renew boolean)
      WHERE l.endpoint_id = f.endpoint_id AND f.renew AND l.owner = %(owner)s AND l.claim_token > 0
        AND (SELECT live FROM fence)
-), after_cursor(endpoint_id, first_due) AS (
-    -- Each step orders by (endpoint_id, next_attempt_at), the due index's key:
-    -- ordered by endpoint_id alone, the planner could step through the
-    -- (endpoint_id, id) index, which holds every row, and then read each
-    -- delivered row of an endpoint before its first pending one (docs/claim.md,
-    -- "Merged index entries").  The step's first entry is also the endpoint's
-    -- earliest due time: an endpoint whose pending rows are all due later (its
-    -- retries) is passed over without its lane lock and lookups (docs/claim.md,
-    -- "Endpoints with nothing due").
-    (SELECT endpoint_id, next_attempt_at FROM webhook_deliveries
+), after_cursor(endpoint_id) AS (
+    -- Each step orders by (endpoint_id, next_attempt_at), the due index's key,
+    -- though it takes only the endpoint: ordered by endpoint_id alone, the
+    -- planner could step through the (endpoint_id, id) index, which holds
+    -- every row, and then read each delivered row of an endpoint before its
+    -- first pending one (docs/claim.md, "Merged index entries").
+    (SELECT endpoint_id FROM webhook_deliveries
       WHERE status = 'pending' AND endpoint_id > %(after)s AND id >= %(floor)s AND id < %(ceiling)s
       ORDER BY endpoint_id, next_attempt_at LIMIT 1)
     UNION ALL
-    SELECT n.endpoint_id, n.next_attempt_at FROM after_cursor a CROSS JOIN LATERAL (
-        SELECT d.endpoint_id, d.next_attempt_at FROM webhook_deliveries d
-         WHERE d.status = 'pending' AND d.endpoint_id > a.endpoint_id
-           AND d.id >= %(floor)s AND d.id < %(ceiling)s
-         ORDER BY d.endpoint_id, d.next_attempt_at LIMIT 1) n
-), before_cursor(endpoint_id, first_due) AS (
-    (SELECT endpoint_id, next_attempt_at FROM webhook_deliveries
+    SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
+             WHERE d.status = 'pending' AND d.endpoint_id > a.endpoint_id
+               AND d.id >= %(floor)s AND d.id < %(ceiling)s
+             ORDER BY d.endpoint_id, d.next_attempt_at LIMIT 1)
+      FROM after_cursor a WHERE a.endpoint_id IS NOT NULL
+), before_cursor(endpoint_id) AS (
+    (SELECT endpoint_id FROM webhook_deliveries
       WHERE status = 'pending' AND id >= %(floor)s AND id < %(ceiling)s
       ORDER BY endpoint_id, next_attempt_at LIMIT 1)
     UNION ALL
-    SELECT n.endpoint_id, n.next_attempt_at FROM before_cursor b CROSS JOIN LATERAL (
-        SELECT d.endpoint_id, d.next_attempt_at FROM webhook_deliveries d
-         WHERE d.status = 'pending' AND d.endpoint_id > b.endpoint_id
-           AND d.id >= %(floor)s AND d.id < %(ceiling)s
-         ORDER BY d.endpoint_id, d.next_attempt_at LIMIT 1) n
-     WHERE b.endpoint_id <= %(after)s
+    SELECT (SELECT d.endpoint_id FROM webhook_deliveries d
+             WHERE d.status = 'pending' AND d.endpoint_id > b.endpoint_id
+               AND d.id >= %(floor)s AND d.id < %(ceiling)s
+             ORDER BY d.endpoint_id, d.next_attempt_at LIMIT 1)
+      FROM before_cursor b WHERE b.endpoint_id IS NOT NULL AND b.endpoint_id <= %(after)s
 ), endpoints AS (
-    SELECT endpoint_id FROM after_cursor WHERE first_due <= now()
+    SELECT endpoint_id FROM after_cursor WHERE endpoint_id IS NOT NULL
     UNION ALL
-    SELECT endpoint_id FROM before_cursor WHERE endpoint_id <= %(after)s AND first_due <= now()
+    SELECT endpoint_id FROM before_cursor WHERE endpoint_id IS NOT NULL AND endpoint_id <= %(after)s
 ), candidates AS (
     -- Per endpoint, in this order (each LATERAL uses the one before; OFFSET 0
     -- keeps them apart): take the endpoint's lane lock for this transaction, or

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -370,30 +369,3 @@ def test_claimed_rows_are_matched_to_their_fields_by_column_name(db) -> None:
         cur.execute(_select_fields(tuple(name for name in fields if name != "secret")) + ", 1 AS surplus")
         with pytest.raises(ValueError, match=r"missing \['secret'\], extra \['surplus'\]"):
             claimed_rows(cur)
-
-
-def test_the_walk_passes_over_endpoints_with_nothing_due(db) -> None:
-    """An endpoint whose pending rows are all due later (retries) is stepped over by the walk
-    without its lane lock and lookups: the walk steps through all ten endpoints, and only the
-    one with a due row comes out of it (docs/claim.md, "Endpoints with nothing due")."""
-    endpoints = seed_workspace(db.dsn, "ws", [f"http://127.0.0.1:9/{n}" for n in range(10)])
-    for endpoint in endpoints:
-        _pending(db, endpoint, 2)
-    query(db.dsn, "UPDATE webhook_deliveries SET next_attempt_at = now() + interval '1 hour' "
-                  "WHERE endpoint_id <> %s", (endpoints[7],))
-    conn = db.connect()
-    try:
-        with conn.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + QUERIES["engine_claim"],
-                        {"owner": "w", "limit": 200, "per_endpoint": 4, "share": 4, "busy": [], "after": 0,
-                         "lease": 30.0, "grace": 86400.0, "refill": "[]",
-                         "floor": EVERY_ID.floor, "ceiling": EVERY_ID.ceiling})
-            plan = "\n".join(row[0] for row in cur.fetchall())
-        conn.rollback()
-    finally:
-        conn.close()
-    (steps,) = re.findall(r"WorkTable Scan on after_cursor a \(actual rows=\d+ loops=(\d+)\)", plan)
-    assert int(steps) >= 10, plan
-    assert re.findall(r"CTE Scan on after_cursor \(actual rows=(\d+) loops=1\)", plan) == ["1"], plan
-    rows = _store(db).claim("w", 200, 4, [], 0, 30.0)
-    assert {r.endpoint_id for r in rows} == {endpoints[7]} and len(rows) == 2
