@@ -50,7 +50,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, BreakerWrite, Signal
 from dispatcher.rules.bulk_replay import BulkReplayPolicy
-from dispatcher.rules.lane import FIRST_GUESS, LanePolicy, running_mean
+from dispatcher.rules.lane import LanePolicy, running_mean
 from dispatcher.rules.wake import WakeWatch
 from dispatcher.runtime.deadline import database_bound
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
@@ -118,7 +118,7 @@ class Lane:
     active: int = 0
     grants: dict[int, int] = field(default_factory=dict)  # claim token -> slots held under it
     cooling: list[float] = field(default_factory=list)    # monotonic ends of timed-out slots' holds
-    mean: float = FIRST_GUESS     # running mean of this endpoint's attempt time, seconds
+    mean: float | None = None     # running mean of this endpoint's attempt time, seconds; None: none yet
     asked: int = 0                # rows asked for by a claim still under way
     closing: bool = False         # no more rows: drain, then give the slots back
     timed: bool = False           # a timer will start senders when a resting slot is usable again

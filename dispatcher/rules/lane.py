@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# The mean attempt time a lane assumes before it has measured one.
+# The mean attempt time a lane assumes before it has measured one (its mean is None until then).
 FIRST_GUESS = 0.05
 # How much one attempt moves the lane's running mean.
 SMOOTHING = 0.2
@@ -36,14 +36,14 @@ class LanePolicy:
     cap: int = 200          # rows one refill asks for at most (workers.claim_batch)
     hold: bool = True       # workers.lane_hold: False, a lane never asks for more rows
 
-    def depth(self, slots: int, mean: float, budget: int) -> int:
-        """Rows to keep queued for ``slots`` senders whose attempts take ``mean`` seconds:
-        ``horizon`` seconds of work, at most ``cap`` and the lane's ``budget`` (its part of what
-        the process may hold), and at least one row a slot."""
-        per_slot = self.horizon / max(mean, 1e-3)
+    def depth(self, slots: int, mean: float | None, budget: int) -> int:
+        """Rows to keep queued for ``slots`` senders whose attempts take ``mean`` seconds
+        (None: none measured yet, ``FIRST_GUESS``): ``horizon`` seconds of work, at most ``cap``
+        and the lane's ``budget`` (its part of what the process may hold), and at least one row a slot."""
+        per_slot = self.horizon / max(FIRST_GUESS if mean is None else mean, 1e-3)
         return max(slots, min(self.cap, budget, math.ceil(slots * per_slot)))
 
-    def refill(self, slots: int, queued: int, mean: float, held_for: float, budget: int) -> int:
+    def refill(self, slots: int, queued: int, mean: float | None, held_for: float, budget: int) -> int:
         """Rows to ask for now: the depth less what is queued, once the queue is down to half
         of it; none once the lane has been held for a whole ``turn``, nor when the lane's
         ``budget`` cannot queue a second row a slot (so many lanes are open that each is better
@@ -85,6 +85,11 @@ class LanePolicy:
         return left > self.deadline + LEASE_MARGIN
 
 
-def running_mean(mean: float, seconds: float) -> float:
-    """The lane's attempt time after one more attempt of ``seconds``."""
+def running_mean(mean: float | None, seconds: float) -> float:
+    """The lane's attempt time after one more attempt of ``seconds``.  The first one measured
+    replaces the guess outright, as TCP's first round-trip sample does (RFC 6298, 2.2): smoothed
+    from ``FIRST_GUESS``, a lane of an endpoint answering at once took 13-23 rows in each of its
+    first two refills, each a planned claim, before one brought its depth (docs/benchmarks.md)."""
+    if mean is None:
+        return seconds
     return mean + SMOOTHING * (seconds - mean)

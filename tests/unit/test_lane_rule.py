@@ -79,6 +79,19 @@ def test_a_refill_never_queues_past_the_cap_nor_leaves_a_slot_without_a_row(
     assert budget >= 2 * slots or want == 0
 
 
+@pytest.mark.parametrize(("seconds", "depth"), [
+    (0.0, 200),         # answering at once: the next refill asks for the cap, not a guess's 10 rows
+    (0.01, 50),         # 10 ms: a quarter second of its work for 2 senders
+    (1.0, 2),           # slower than the horizon: one row a slot, not the guess's 10
+])
+def test_the_first_measured_attempt_replaces_the_guess(seconds: float, depth: int) -> None:
+    assert POLICY.depth(2, None, 512) == POLICY.depth(2, FIRST_GUESS, 512) == 10
+    mean = running_mean(None, seconds)
+    assert mean == seconds
+    assert POLICY.depth(2, mean, 512) == depth
+    assert POLICY.refill(2, 0, mean, 0.0, 512) == depth
+
+
 def test_the_running_mean_follows_the_endpoint() -> None:
     mean = FIRST_GUESS
     for _ in range(50):
