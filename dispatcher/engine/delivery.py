@@ -13,8 +13,7 @@ import logging
 import random
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from dispatcher.config import Config
 from dispatcher.message import delivery_headers, event_body, event_id_problem, signing_keys
@@ -50,8 +49,7 @@ def _secrets(row: ClaimedRow) -> tuple[str | None, str | None]:
     return row.secret, row.previous_secret
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     """A finished attempt: the row update to write, plus what metrics and the breaker need."""
 
     record: AttemptRecord

@@ -630,7 +630,7 @@ class Worker:
         """A result the database refuses: store it without its free text, or
         give up on it -- its lease then lapses and the row is sent again (and
         the slots named with it lapse with their lease too)."""
-        bare = [replace(attempt.record, error="the attempt's error text could not be stored", excerpt=None)
+        bare = [attempt.record._replace(error="the attempt's error text could not be stored", excerpt=None)
                 for attempt in batch]
         try:
             self._results.record(bare, entries)
