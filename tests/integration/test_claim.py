@@ -360,12 +360,16 @@ def _select_fields(names: tuple[str, ...]) -> str:
 
 def test_claimed_rows_are_matched_to_their_fields_by_column_name(db) -> None:
     fields = ClaimedRow._fields
-    with psycopg2.connect(db.dsn) as conn, conn.cursor() as cur:
-        for names in (fields, tuple(reversed(fields))):
-            cur.execute(_select_fields(names))
-            (row,) = claimed_rows(cur)
-            assert type(row) is ClaimedRow
-            assert all(getattr(row, name) == name for name in fields), names
-        cur.execute(_select_fields(tuple(name for name in fields if name != "secret")) + ", 1 AS surplus")
-        with pytest.raises(ValueError, match=r"missing \['secret'\], extra \['surplus'\]"):
-            claimed_rows(cur)
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            for names in (fields, tuple(reversed(fields))):
+                cur.execute(_select_fields(names))
+                (row,) = claimed_rows(cur)
+                assert type(row) is ClaimedRow
+                assert all(getattr(row, name) == name for name in fields), names
+            cur.execute(_select_fields(tuple(name for name in fields if name != "secret")) + ", 1 AS surplus")
+            with pytest.raises(ValueError, match=r"missing \['secret'\], extra \['surplus'\]"):
+                claimed_rows(cur)
+    finally:
+        conn.close()
