@@ -89,6 +89,18 @@ def machine() -> dict[str, Any]:
             "postgres": version, "postgres_settings": settings, "load_average": load_average()}
 
 
+def server_setting(name: str) -> str:
+    """One setting of the benchmark server as ``SHOW`` prints it (``shared_buffers``: ``128MB``)."""
+    conn = psycopg2.connect(server_dsn())
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT current_setting(%s)", (name,))
+            row = cur.fetchone()
+            return str(row[0]) if row else "unknown"
+    finally:
+        conn.close()
+
+
 # --------------------------------------------------------------------------- database
 
 

@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-import psycopg2
 import psycopg2.extensions
 
 from benchmarks.harness import (
@@ -64,6 +63,7 @@ from benchmarks.harness import (
     PostgresProcesses,
     load_average,
     server_dsn,
+    server_setting,
     workdir,
 )
 from benchmarks.nginx import WORKER_PROCESSES, NginxReceiver, nginx_binary, nginx_version
@@ -346,21 +346,6 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _shared_buffers() -> str:
-    """The server's ``shared_buffers``: the ratio depends on it.  At the stock 128 MB the peer's
-    tables (a 1 KiB payload in every job) outgrow it and its Postgres reads pages back from the
-    OS cache, about 26 a delivery; at 1 GB it does not (docs/benchmarks.md, "Why hosts rank the
-    engines differently")."""
-    conn = psycopg2.connect(server_dsn())
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SHOW shared_buffers")
-            row = cur.fetchone()
-            return str(row[0]) if row else "unknown"
-    finally:
-        conn.close()
-
-
 def _median(runs: list[dict[str, Any]], system: str, key: str) -> float | None:
     values = [r[key] for r in runs if r["system"] == system and r.get(key)]
     return round(statistics.median(values), 1) if values else None
@@ -432,7 +417,10 @@ def run(tiny: bool = False, client: str | None = None, processes: int = 2, round
                      "signatures": "not verified (nginx does not read bodies); every request's webhook-id, "
                                    "webhook-timestamp and v1 signature header are checked in its access log"},
         "versions": _versions(),
-        "postgres_shared_buffers": _shared_buffers(),
+        # The ratio depends on it: at the stock 128 MB the peer's tables (a 1 KiB payload in every job)
+        # outgrow it and its Postgres reads pages back from the OS cache, about 26 a delivery; at 1 GB it
+        # does not (docs/benchmarks.md, "Why hosts rank the engines differently").
+        "postgres_shared_buffers": server_setting("shared_buffers"),
         "peer_tuning": asdict(tuning),
         "sweep": swept,
         "order": [r["system"] for r in runs],
