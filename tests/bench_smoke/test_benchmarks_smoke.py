@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg2
 import pytest
 
 from benchmarks.cli import SCENARIOS, print_table, run_scenario
+from benchmarks.harness import server_dsn
 from benchmarks.peer import missing_tools
 
 # Each scenario runs in the first test that asks for it (peer: 6 toy drains, hot: 7), within that test's timeout.
@@ -119,6 +121,22 @@ def test_peer_alternates_both_systems_and_every_request_carried_its_signature(re
     peers = [run for run in result["runs"] if run["system"] == "peer"]
     assert all(run["pgqueuer_log"]["successful"] == run["deliveries"] and run["jobs_left"] == 0 for run in peers)
     assert result["ratio"] is not None
+
+
+def test_peer_reports_the_servers_shared_buffers(results: dict[str, dict]) -> None:
+    # The ratio depends on it (docs/benchmarks.md, "Why hosts rank the engines differently").
+    result = results["peer"]
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    conn = psycopg2.connect(server_dsn())
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW shared_buffers")
+            (shown,) = cur.fetchone()
+    finally:
+        conn.close()
+    assert result["postgres_shared_buffers"] == shown
+    assert any(line[0].startswith("Postgres shared_buffers") and line[1] == shown for line in result["table"])
 
 
 def test_peer_sweeps_its_tunings_and_runs_the_best(results: dict[str, dict]) -> None:
