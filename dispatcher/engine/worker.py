@@ -119,6 +119,7 @@ class Lane:
     grants: dict[int, int] = field(default_factory=dict)  # claim token -> slots held under it
     cooling: list[float] = field(default_factory=list)    # monotonic ends of timed-out slots' holds
     mean: float | None = None     # running mean of this endpoint's attempt time, seconds; None: none yet
+    woke_at: float | None = None  # the mean with which the lane last woke the claimer for rows (_wake_if_low)
     asked: int = 0                # rows asked for by a claim still under way
     closing: bool = False         # no more rows: drain, then give the slots back
     timed: bool = False           # a timer will start senders when a resting slot is usable again
@@ -344,8 +345,8 @@ class Worker:
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
             if lane.asked or lane.closing or not lane.grants:
                 continue
-            want = min(room, self._lane_policy.refill(lane.slots, len(lane.queue), lane.mean, now - lane.started,
-                                                      self._lane_budget(lane.slots))) if roomy else 0
+            want = min(room, self._refill(lane, now)) if roomy else 0
+            lane.woke_at = None
             renew = roomy and self._lane_policy.renewal_due(now - lane.renewed)
             if want > 0 or renew:
                 room -= max(want, 0)
@@ -497,7 +498,18 @@ class Worker:
 
     def _wake_if_low(self, lane: Lane) -> None:
         if not lane.asked and self._wants_rows(lane):
+            lane.woke_at = lane.mean
             self._wake.set()
+
+    def _refill(self, lane: Lane, now: float) -> int:
+        """Rows the claim asks for the lane (LanePolicy.refill), sized by the lower of its mean now
+        and the mean it woke the claimer with.  An attempt stalled by the process's own work (a
+        claim's rows being read, a flush) moves the mean several times over in the few ms before
+        the claimer runs; sized by that mean, the claim asked the lane for nothing, walked for
+        nothing, and the lane ran dry before the next wake (docs/claim.md, "Queueing ahead")."""
+        mean = lane.mean if lane.woke_at is None or lane.mean is None else min(lane.mean, lane.woke_at)
+        return self._lane_policy.refill(lane.slots, len(lane.queue), mean, now - lane.started,
+                                        self._lane_budget(lane.slots))
 
     def _settle(self, endpoint_id: int, lane: Lane) -> None:
         """A lane whose queue is empty, with no rows asked for, keeps its slots only while the

@@ -10,6 +10,9 @@ needed to be (the fast `hot` case: 400 claims of about 100 rows for 40,000 deliv
   refill that took all the process's room left its claim no walk, so the claimer walked at once in a claim
   of its own.
 
+And a lane that woke the claimer for rows could be asked for none: its refill was sized by a mean that one
+attempt, stalled by the process's own work, had moved in the meantime (a quarter of the fast case's claims).
+
 The worker's bookkeeping is tested in memory, on a worker that never connects."""
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from typing import Any
 
 from dispatcher.engine.worker import BUSY_POLL, Lane, Worker
+from dispatcher.rules.lane import running_mean
 from dispatcher.store.engine import ClaimedRow
 from tests.unit.unconnected import unconnected_worker
 
@@ -85,3 +89,48 @@ def test_a_claim_whose_walk_took_all_it_asked_claims_again_at_once() -> None:
     worker = _worker()
     assert worker._pause_after([_row(i, grants_slot=True) for i in range(50)], want=50) is None
     assert worker._pause_after([], want=0) is None, "a claim that did not walk (no room) does not wait for it"
+
+
+def _queued_lane(worker: Worker, queued: int, mean: float) -> Lane:
+    """A hot lane (2 slots, both sending) with ``queued`` rows waiting, answering in ``mean`` seconds."""
+    lane = _hot_lane(worker, 1, slots=2, mean=mean)
+    now = time.monotonic()
+    lane.queue.extend((_row(i, grants_slot=False), now) for i in range(queued))
+    worker._held += queued
+    return lane
+
+
+def test_a_lane_that_woke_the_claimer_for_rows_gets_them_though_an_attempt_stalled_since() -> None:
+    # Seen in the fast `hot` case: a lane at 1 ms an attempt, 200 rows queued of its 462-row depth, woke the
+    # claimer; before the claimer ran, one attempt that waited ~24 ms on the process's own work (a claim's rows
+    # being read) took the mean to 5.6 ms.  Sized by that mean the lane wanted nothing: the claim walked for
+    # nothing (a planned claim) and the lane ran dry before the next wake.
+    worker = _worker(claim_batch=200, max_in_flight=512)
+    lane = _queued_lane(worker, 200, mean=0.001)
+    worker._wake_if_low(lane)
+    assert worker._wake.is_set(), "below half its depth, the lane wakes the claimer"
+    lane.mean = running_mean(lane.mean, 0.024)
+    assert not worker._wants_rows(lane), "the stalled attempt alone would size the lane's depth below its queue"
+    refill, _ = worker._asks()
+    assert [endpoint_id for endpoint_id, _, _ in refill] == [1]
+    assert refill[0][1] >= 200, "the claim asks for what woke it: the depth at the wake less the queue"
+
+
+def test_the_mean_a_lane_woke_with_sizes_only_the_claim_it_woke() -> None:
+    worker = _worker(claim_batch=200, max_in_flight=512)
+    lane = _queued_lane(worker, 200, mean=0.001)
+    worker._wake_if_low(lane)
+    lane.mean = running_mean(lane.mean, 0.024)
+    worker._asks()
+    worker._settle_refills([(1, lane.asked, False)], [], answered=False)  # that claim failed: nothing came
+    refill, _ = worker._asks()
+    assert refill == [], "the next claim sizes the lane by its mean now"
+
+
+def test_a_lane_that_woke_the_claimer_still_gets_nothing_past_its_turn() -> None:
+    worker = _worker(claim_batch=200, max_in_flight=512)
+    lane = _queued_lane(worker, 200, mean=0.001)
+    worker._wake_if_low(lane)
+    lane.started -= worker.config.workers.lane_turn  # its turn ended before the claimer ran
+    refill, _ = worker._asks()
+    assert refill == [], "a lane held for its whole turn lets its slots go round, woken or not"
