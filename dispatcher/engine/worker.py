@@ -345,7 +345,7 @@ class Worker:
         for endpoint_id, lane in sorted(self._lanes.items(), key=lambda item: len(item[1].queue)):
             if lane.asked or lane.closing or not lane.grants:
                 continue
-            want = min(room, self._refill(lane, now)) if roomy else 0
+            want = min(room, self._refill(lane, now, self._claim_mean(lane))) if roomy else 0
             lane.woke_at = None
             renew = roomy and self._lane_policy.renewal_due(now - lane.renewed)
             if want > 0 or renew:
@@ -492,24 +492,28 @@ class Worker:
         """The lane, open and holding slots, would ask the next claim for rows (LanePolicy.refill)."""
         if lane.closing or not lane.grants:
             return False
-        slots = lane.slots
-        return self._lane_policy.refill(slots, len(lane.queue), lane.mean, time.monotonic() - lane.started,
-                                        self._lane_budget(slots)) > 0
+        return self._refill(lane, time.monotonic(), lane.mean) > 0
 
     def _wake_if_low(self, lane: Lane) -> None:
         if not lane.asked and self._wants_rows(lane):
             lane.woke_at = lane.mean
             self._wake.set()
 
-    def _refill(self, lane: Lane, now: float) -> int:
-        """Rows the claim asks for the lane (LanePolicy.refill), sized by the lower of its mean now
-        and the mean it woke the claimer with.  An attempt stalled by the process's own work (a
-        claim's rows being read, a flush) moves the mean several times over in the few ms before
-        the claimer runs; sized by that mean, the claim asked the lane for nothing, walked for
-        nothing, and the lane ran dry before the next wake (docs/claim.md, "Queueing ahead")."""
-        mean = lane.mean if lane.woke_at is None or lane.mean is None else min(lane.mean, lane.woke_at)
+    def _refill(self, lane: Lane, now: float, mean: float | None) -> int:
+        """Rows the lane would ask a claim for (LanePolicy.refill) were its attempts to take ``mean``."""
         return self._lane_policy.refill(lane.slots, len(lane.queue), mean, now - lane.started,
                                         self._lane_budget(lane.slots))
+
+    @staticmethod
+    def _claim_mean(lane: Lane) -> float | None:
+        """The mean a claim sizes the lane's refill by: the lower of its mean now and the one it woke
+        the claimer with.  An attempt stalled by the process's own work (a claim's rows being read,
+        a flush) moves the mean several times over in the few ms before the claimer runs; sized by
+        that mean, the claim asked the lane for nothing, walked for nothing, and the lane ran dry
+        before the next wake (docs/claim.md, "Queueing ahead")."""
+        if lane.woke_at is None or lane.mean is None:
+            return lane.mean
+        return min(lane.mean, lane.woke_at)
 
     def _settle(self, endpoint_id: int, lane: Lane) -> None:
         """A lane whose queue is empty, with no rows asked for, keeps its slots only while the
