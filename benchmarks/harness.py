@@ -7,6 +7,7 @@ subprocesses (dispatcher, receiver, bare-loop workers) and measures them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -105,9 +106,30 @@ def server_setting(name: str) -> str:
 
 
 def bench_database(label: str) -> contextlib.AbstractContextManager[Database]:
-    """A fresh migrated database for one scenario, dropped on exit (a killed run's leftover first)."""
-    return scratch_database(server_dsn(), f"bench_{label}_{os.getpid()}", migrate=True, replace=True,
-                            quiet_drop=True, application_name="benchmark harness")
+    """A fresh migrated database for one scenario, dropped on exit (a killed run's leftover first):
+    a clone of this process's migrated template (``migrated_template``)."""
+    server = server_dsn()
+    return scratch_database(server, f"bench_{label}_{os.getpid()}", template=migrated_template(server),
+                            replace=True, quiet_drop=True, application_name="benchmark harness")
+
+
+_TEMPLATES: dict[str, str] = {}
+_TEMPLATE_DROPS = contextlib.ExitStack()
+atexit.register(_TEMPLATE_DROPS.close)
+
+
+def migrated_template(server: str) -> str:
+    """The name of a database on ``server`` migrated once per process, dropped at exit.  A
+    scenario's database is a clone of it: migrating one from scratch took 1.3-2 s on a 2-vCPU
+    host, a clone 0.06 s, and a full run and the smoke tier make dozens (docs/benchmarks.md,
+    "How to run")."""
+    name = _TEMPLATES.get(server)
+    if name is None:
+        name = f"bench_template_{os.getpid()}"
+        _TEMPLATE_DROPS.enter_context(scratch_database(server, name, migrate=True, replace=True, quiet_drop=True,
+                                                       application_name="benchmark harness"))
+        _TEMPLATES[server] = name
+    return name
 
 
 def insert_backlog(cur: Any, workspaces: int, events: int, payload_bytes: int, first_event: int = 0,
