@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import math
 import os
 import signal
@@ -241,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_demo(config, args.events, args.rate)
 
     _stop_on_signals()
+    # USR1 prints where every thread is, to stderr: how a demo that does not stop is asked why
+    # (tests/e2e/test_demo.py does so before it kills one).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return run_command(demo, "dispatcher-demo", args.config)
     except Stopped as stopped:

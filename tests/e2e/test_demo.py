@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,29 @@ STOPS = {"TERM to the demo": (signal.SIGTERM, False, 128 + signal.SIGTERM),
          "INT to its process group (Ctrl-C)": (signal.SIGINT, True, 130)}
 
 
+# The demo stops its dispatcher within graceful_timeout + 30 s (45 s) and its receiver within 5 s.
+STOP_WITHIN = 60.0
+
+
+def _exit_output(demo: subprocess.Popen[bytes], tmp_path: Path, how: str) -> bytes:
+    """The demo's output once it exits; one that does not within ``STOP_WITHIN`` is asked where it is
+    (USR1: its threads' stacks), killed, and fails the test with that and its dispatcher's last lines."""
+    try:
+        output, _ = demo.communicate(timeout=STOP_WITHIN)
+        return output
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        demo.kill()
+        output, _ = demo.communicate()
+    log = tmp_path / "demo-dispatcher.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else ["(no log)"]
+    tail = "\n".join([line for line in lines if " dispatcher.attempt " not in line][-40:])
+    pytest.fail(f"the demo did not exit within {STOP_WITHIN:.0f} s of {how}; its output, with its stacks:\n"
+                f"{output.decode(errors='replace')}\nits dispatcher's log but attempt lines, last lines:\n{tail}")
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", sorted(STOPS))
 def test_the_demo_stops_everything_it_started(db: Database, write_config, tmp_path: Path,  # type: ignore[no-untyped-def]
                                               how: str) -> None:
@@ -85,7 +109,7 @@ def test_the_demo_stops_everything_it_started(db: Database, write_config, tmp_pa
             os.killpg(demo.pid, signum)
         else:
             demo.send_signal(signum)
-        output, _ = demo.communicate(timeout=120)
+        output = _exit_output(demo, tmp_path, how)
         left = wait_until(lambda: not {pid for pid in started if alive(pid)} or None, timeout=60,
                           message=f"every process the demo started to stop; still running: "
                                   f"{sorted(pid for pid in started if alive(pid))}")
