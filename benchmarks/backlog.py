@@ -19,7 +19,6 @@ alone, this scenario drains a smaller outbox itself to get them.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Any
@@ -32,7 +31,7 @@ from benchmarks.harness import (
 )
 from dispatcher.signing import ROTATION_GRACE
 from dispatcher.store import QUERIES
-from dispatcher.store.engine import AttemptRecord, EngineStore, ManagedConnection, slots_of
+from dispatcher.store.engine import AttemptRecord, EngineStore, ManagedConnection, result_rows, slots_of
 from dispatcher_devtools.kit import Database, seed_endpoints
 
 WORKSPACES = 100
@@ -98,9 +97,9 @@ def _explain(db: Database, cursor: int) -> dict[str, Any]:
             cur.execute("SELECT id, claim_token, endpoint_id FROM webhook_deliveries "
                         "WHERE locked_by = 'bench:explain' AND status = 'pending'")
             claimed = cur.fetchall()
-            results = json.dumps([{"id": i, "token": t, "status": "delivered", "attempt": 1, "delay": 0.0,
-                                   "error": None, "status_code": 200, "result": "delivered", "started_ago": 0.01,
-                                   "duration_ms": 1, "excerpt": "", "endpoint_id": e} for i, t, e in claimed])
+            now = time.monotonic()
+            results = result_rows([AttemptRecord(i, t, e, "delivered", 1, 0.0, None, 200, "delivered", now - 0.01, 1,
+                                                 "") for i, t, e in claimed], now)
             # (rolled back below, like the claim: the backlog keeps its size)
             cur.execute("SAVEPOINT text_form")
             ids = "{" + ",".join(str(i) for i, _, _ in claimed) + "}"

@@ -284,13 +284,17 @@ SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.
 -- stay counted that much longer in an entry of their own, keyed by the claim
 -- token negated, which dispatcher_lane_free counts until it lapses.
 -- Both lists travel as JSON arrays (store/engine.py builds them with the C
--- json encoder): adapting Python lists element by element into SQL array
+-- json encoder; each result an array by position, each slot entry an object): adapting Python lists element by element into SQL array
 -- literals cost more worker CPU than the rest of the flush.
 WITH results AS (
-    SELECT * FROM json_to_recordset(%(results)s::json)
-        AS r(id bigint, token bigint, status text, attempt int, delay float8, error text,
-             status_code int, result text, started_ago float8, duration_ms int, excerpt text,
-             endpoint_id bigint, traceparent text, trace_id text)
+    -- One JSON array per result, read by position (store/engine.py RESULT_FIELDS): as
+    -- objects they cost the worker twice as much to encode, and json_to_recordset hashed
+    -- each object's keys.
+    SELECT (r->>0)::bigint AS id, (r->>1)::bigint AS token, r->>2 AS status, (r->>3)::int AS attempt,
+           (r->>4)::float8 AS delay, r->>5 AS error, (r->>6)::int AS status_code, r->>7 AS result,
+           (r->>8)::float8 AS started_ago, (r->>9)::int AS duration_ms, r->>10 AS excerpt,
+           (r->>11)::bigint AS endpoint_id, r->>12 AS traceparent, r->>13 AS trace_id
+      FROM jsonb_array_elements(%(results)s::jsonb) AS r
 ), slots AS (
     SELECT * FROM json_to_recordset(%(slots)s::json)
         AS s(endpoint_id bigint, token bigint, keep int, held int, hold float8)

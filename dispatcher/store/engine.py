@@ -382,6 +382,23 @@ def slots_of(rows: Sequence[ClaimedRow]) -> list[SlotEntry]:
             sorted({(row.endpoint_id, row.claim_token) for row in rows if row.grants_slot})]
 
 
+# engine_record reads each result by position (``r->>0`` is ``id``, ...): a JSON array per result,
+# not an object.  Objects cost the worker twice as much to build and encode, and Postgres about as
+# much again to take apart (json_to_recordset hashes each object's keys), for every result of every
+# flush (docs/benchmarks.md, "Results by position").
+RESULT_FIELDS = ("id", "token", "status", "attempt", "delay", "error", "status_code", "result", "started_ago",
+                 "duration_ms", "excerpt", "endpoint_id", "traceparent", "trace_id")
+
+
+def result_rows(records: Sequence[AttemptRecord], now: float) -> str:
+    """``records`` as engine_record's results: a JSON array of arrays in :data:`RESULT_FIELDS`'
+    order; ``now`` is time.monotonic(), from which each attempt's start is given as seconds ago."""
+    return json.dumps([(r.id, r.claim_token, r.status, r.attempt, r.delay, storable(r.error), r.status_code,
+                        r.result, now - r.started_mono, r.duration_ms, storable(r.excerpt), r.endpoint_id,
+                        r.traceparent if r.trace_root else None, r.trace_id) for r in records],
+                      separators=(",", ":"))
+
+
 def claimed_rows(cur: Any) -> list[ClaimedRow]:
     """The claim's rows, matched to :class:`ClaimedRow`'s fields by column name: a SELECT list
     in another order is put back in the fields' order, never read by position alone, and a
@@ -453,20 +470,13 @@ class EngineStore:
     def record(self, records: Sequence[AttemptRecord], slots: Sequence[SlotEntry] = ()) -> set[int]:
         """Write a batch of results and what this process's lane entries hold now (``slots``);
         returns the ids the fence let through."""
-        now = time.monotonic()
-        rows = [{"id": r.id, "token": r.claim_token, "status": r.status, "attempt": r.attempt, "delay": r.delay,
-                 "error": storable(r.error), "status_code": r.status_code, "result": r.result,
-                 "started_ago": now - r.started_mono, "duration_ms": r.duration_ms,
-                 "excerpt": storable(r.excerpt), "endpoint_id": r.endpoint_id,
-                 "traceparent": r.traceparent if r.trace_root else None, "trace_id": r.trace_id}
-                for r in records]
         entries = [{"endpoint_id": e.endpoint_id, "token": e.token, "keep": e.keep, "held": e.held, "hold": e.hold}
                    for e in slots]
         with self._conn.statement() as cur:
             # The ids once more as an array literal (a string: cheaper than adapting a list), so
             # the update is planned for their partitions only.
             cur.execute(self._conn.prepared(cur, "engine_record"),
-                        {"results": json.dumps(rows, separators=(",", ":")),
+                        {"results": result_rows(records, time.monotonic()),
                          "slots": json.dumps(entries, separators=(",", ":")),
                          "ids": "{" + ",".join(str(r.id) for r in records) + "}"})
             return {row[0] for row in cur.fetchall()}

@@ -373,3 +373,25 @@ def test_claimed_rows_are_matched_to_their_fields_by_column_name(db) -> None:
                 claimed_rows(cur)
     finally:
         conn.close()
+
+
+def test_every_field_of_a_result_lands_in_its_own_column(db) -> None:
+    """Results travel by position (store/engine.py RESULT_FIELDS): each field distinct, so a field
+    read from another's place shows in the row or the history written."""
+    (endpoint,) = seed_workspace(db.dsn, "ws", ["http://127.0.0.1:9/a"])
+    _pending(db, endpoint, 1)
+    store = _store(db)
+    (row,) = store.claim("owner-a", 10, 4, [], 0, 30.0)
+    traceparent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    record = AttemptRecord(row.id, row.claim_token, row.endpoint_id, "pending", row.attempt, 3600.0,
+                           "HTTP 503: busy", 503, "http_5xx", time.monotonic() - 2.0, 1234, "busy",
+                           traceparent=traceparent, trace_root=True, trace_id="c" * 32)
+    assert store.record([record]) == {row.id}
+    (delivery,) = query(db.dsn, "SELECT status, attempt, extract(epoch FROM next_attempt_at - now())::int, last_error,"
+                                " last_status_code, trace_context->>'traceparent', locked_by FROM webhook_deliveries")
+    assert delivery == ("pending", row.attempt, 3600, "HTTP 503: busy", 503, traceparent, None)
+    (attempt,) = query(db.dsn, "SELECT delivery_id, endpoint_id, attempt, round(extract(epoch FROM now() - started_at)),"
+                               " duration_ms, result, status_code, error, response_excerpt, claim_token, trace_id"
+                               " FROM webhook_delivery_attempts")
+    assert attempt == (row.id, endpoint, row.attempt, 2, 1234, "http_5xx", 503, "HTTP 503: busy", "busy",
+                       row.claim_token, "c" * 32)

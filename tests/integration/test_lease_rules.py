@@ -9,7 +9,6 @@ plan must stay what the spelled-out expression gave)."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from dispatcher.store import QUERIES
-from dispatcher.store.engine import ManagedConnection
+from dispatcher.store.engine import AttemptRecord, ManagedConnection, result_rows
 from tests.conftest import TestDatabase as Database
 from tests.support.partitions import canonical_plan
 
@@ -168,8 +167,8 @@ def _pending_outbox(db: Database, rows: int, endpoints: int, results: int) -> tu
              "SELECT 'w', 1 + i %% %s, 'e' || i, 'h' FROM generate_series(1, %s) i", (endpoints, rows))
     (floor, ceiling), = db.query("SELECT floor, ceiling FROM dispatcher_claim_window()")
     ids = [row[0] for row in db.query("SELECT id FROM webhook_deliveries ORDER BY id LIMIT %s", (results,))]
-    written = json.dumps([{"id": i, "token": 1, "status": "delivered", "attempt": 1, "delay": 0, "result": "delivered",
-                           "started_ago": 0.1, "duration_ms": 5, "endpoint_id": 1} for i in ids])
+    written = result_rows([AttemptRecord(i, 1, 1, "delivered", 1, 0.0, None, None, "delivered", 99.9, 5, None)
+                           for i in ids], 100.0)
     return {**PARAMS, "floor": floor, "ceiling": ceiling}, {"results": written, "slots": "[]", "ids": ids}
 
 
