@@ -283,9 +283,10 @@ SELECT c.id, c.claim_token, c.slot AS grants_slot, c.endpoint_id, c.event_id, c.
 -- Slots given back while a timed-out attempt's hold runs (limits.slot_hold)
 -- stay counted that much longer in an entry of their own, keyed by the claim
 -- token negated, which dispatcher_lane_free counts until it lapses.
--- Both lists travel as JSON arrays (store/engine.py builds them with the C
--- json encoder; each result an array by position, each slot entry an object): adapting Python lists element by element into SQL array
--- literals cost more worker CPU than the rest of the flush.
+-- Both lists travel as JSON (store/engine.py builds them with the C json
+-- encoder; a result is an array read by position, a slot entry an object):
+-- adapting Python lists element by element into SQL array literals cost more
+-- worker CPU than the rest of the flush.
 WITH results AS (
     -- One JSON array per result, read by position (store/engine.py RESULT_FIELDS): as
     -- objects they cost the worker twice as much to encode, and json_to_recordset hashed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -11,6 +12,7 @@ import pytest
 from dispatcher.store import QUERIES
 from dispatcher.store.engine import (
     EVERY_ID,
+    RESULT_FIELDS,
     AttemptRecord,
     ClaimedRow,
     EngineStore,
@@ -387,11 +389,19 @@ def test_every_field_of_a_result_lands_in_its_own_column(db) -> None:
                            "HTTP 503: busy", 503, "http_5xx", time.monotonic() - 2.0, 1234, "busy",
                            traceparent=traceparent, trace_root=True, trace_id="c" * 32)
     assert store.record([record]) == {row.id}
-    (delivery,) = query(db.dsn, "SELECT status, attempt, extract(epoch FROM next_attempt_at - now())::int, last_error,"
-                                " last_status_code, trace_context->>'traceparent', locked_by FROM webhook_deliveries")
-    assert delivery == ("pending", row.attempt, 3600, "HTTP 503: busy", 503, traceparent, None)
-    (attempt,) = query(db.dsn, "SELECT delivery_id, endpoint_id, attempt, round(extract(epoch FROM now() - started_at)),"
-                               " duration_ms, result, status_code, error, response_excerpt, claim_token, trace_id"
-                               " FROM webhook_delivery_attempts")
-    assert attempt == (row.id, endpoint, row.attempt, 2, 1234, "http_5xx", 503, "HTTP 503: busy", "busy",
+    (delivery,) = query(db.dsn, "SELECT status, attempt, extract(epoch FROM next_attempt_at - now())"
+                                " BETWEEN 3000 AND 3600, last_error, last_status_code,"
+                                " trace_context->>'traceparent', locked_by FROM webhook_deliveries")
+    assert delivery == ("pending", row.attempt, True, "HTTP 503: busy", 503, traceparent, None)
+    (attempt,) = query(db.dsn, "SELECT delivery_id, endpoint_id, attempt, extract(epoch FROM now() - started_at)"
+                               " BETWEEN 2 AND 600, duration_ms, result, status_code, error, response_excerpt,"
+                               " claim_token, trace_id FROM webhook_delivery_attempts")
+    assert attempt == (row.id, endpoint, row.attempt, True, 1234, "http_5xx", 503, "HTTP 503: busy", "busy",
                        row.claim_token, "c" * 32)
+
+
+def test_the_result_write_reads_each_field_at_its_place_in_result_fields() -> None:
+    """engine_record names its results' columns by position; store/engine.py writes them in
+    RESULT_FIELDS' order: both lists are the same."""
+    read = re.findall(r"\(?r->>(\d+)\)?(?:::\w+)? AS (\w+)", QUERIES["engine_record"])
+    assert [(int(i), name) for i, name in read] == list(enumerate(RESULT_FIELDS))
