@@ -186,8 +186,8 @@ class Endpoints:
     kind_of_key: dict[str, str]
 
     @property
-    def healthy_ids(self) -> list[int]:
-        return [i for i, kind in self.kind_of_id.items() if kind == "healthy"]
+    def faulty_ids(self) -> list[int]:
+        return [i for i, kind in self.kind_of_id.items() if kind != "healthy"]
 
     def classes(self) -> dict[str, int]:
         kinds = list(self.kind_of_id.values())
@@ -232,7 +232,7 @@ def _offer(setup: EngineSetup, dispatcher: DispatcherRun, endpoints: Endpoints, 
     machine_cpu = MachineCpu()
     stop = threading.Event()
     # Once a second, not four times: with faulty endpoints' rows pending, each sample reads thousands of rows.
-    samplers = [threading.Thread(target=sample_backlog, args=(db, endpoints.healthy_ids, sampled.ages, stop, 1.0),
+    samplers = [threading.Thread(target=sample_backlog, args=(db, endpoints.faulty_ids, sampled.ages, stop, 1.0),
                                  daemon=True),
                 threading.Thread(target=_sample_workers, args=(db, dispatcher, sampled.workers, stop), daemon=True)]
     for sampler in samplers:
@@ -271,7 +271,7 @@ def _phase(label: str, *, faults: bool, seconds: float, rate: float, workspaces:
             dispatcher.wait_ready(processes)
             sampled = _offer(setup, dispatcher, endpoints, rate=rate, seconds=seconds, workspaces=workspaces)
             healthy_expected = endpoints.healthy_deliveries(sampled.commits)
-            drained = wait_delivered(db, endpoints.healthy_ids, healthy_expected, 20.0 if tiny else 60.0)
+            drained = wait_delivered(db, endpoints.faulty_ids, healthy_expected, 20.0 if tiny else 60.0)
             # The last rows of hanging or dripping endpoints finish their first attempt at the timeout.
             with contextlib.suppress(WaitTimeout):
                 wait_until(lambda: not db.scalar("SELECT count(*) FROM webhook_deliveries d LEFT JOIN endpoint_state s "

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks import harness
+from benchmarks import harness, load
 from dispatcher import store
+from dispatcher_devtools.kit import config_for_test, produce, seed_endpoints, wait_until, write_config
 
 
 def test_scenario_databases_are_migrated_clones_of_one_template(pg_server_dsn: str,
@@ -34,3 +37,33 @@ def test_scenario_databases_are_migrated_clones_of_one_template(pg_server_dsn: s
         assert first.scalar("SELECT count(*) FROM workspaces WHERE id = 'only-in-a'") == 1
         assert second.scalar("SELECT count(*) FROM workspaces WHERE id = 'only-in-a'") == 0
     assert migrated == [], f"scenario databases were migrated one by one: {migrated}"
+
+
+def test_backlog_samplers_count_every_endpoint_but_the_faulty(pg_server_dsn: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_PG_DSN", pg_server_dsn)
+    with harness.bench_database("samplers") as db:
+        healthy, faulty = seed_endpoints(db.connect(), [["https://healthy.example/hook"],
+                                                        ["https://faulty.example/hook"]])
+        config = write_config(tmp_path / "config.yaml", config_for_test(db.dsn))
+        produce(config, db.dsn, "ws0", 3)
+        produce(config, db.dsn, "ws1", 5)
+        # The faulty endpoint's rows are the older due ones: a sampler that counted them would report their age.
+        db.execute_autocommit("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 hour' "
+                              f"WHERE endpoint_id = {faulty[0]}")
+        db.execute_autocommit("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '10 seconds' "
+                              f"WHERE endpoint_id = {healthy[0]}")
+        ages: list[float] = []
+        stop = threading.Event()
+        sampler = threading.Thread(target=load.sample_backlog, args=(db, faulty, ages, stop, 0.05))
+        sampler.start()
+        wait_until(lambda: len(ages) >= 2, timeout=10.0, interval=0.05)
+        stop.set()
+        sampler.join(5)
+        assert all(5.0 < age < 1800.0 for age in ages), ages
+        assert not load.wait_delivered(db, faulty, 1, timeout=0.1)
+        db.execute_autocommit(f"UPDATE webhook_deliveries SET status = 'delivered' WHERE endpoint_id = {faulty[0]}")
+        assert not load.wait_delivered(db, faulty, 1, timeout=0.1), "the faulty endpoint's rows were counted"
+        db.execute_autocommit(f"UPDATE webhook_deliveries SET status = 'delivered' WHERE endpoint_id = {healthy[0]}")
+        assert load.wait_delivered(db, faulty, 3, timeout=5.0)
+        assert not load.wait_delivered(db, faulty, 4, timeout=0.1)
