@@ -12,6 +12,7 @@ from dispatcher.runtime.entry import patch_or_exit
 patch_or_exit("dispatcher worker")  # a broken install is a boot failure (exit 4), not a crash to restart
 
 import argparse  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -20,6 +21,7 @@ import gevent  # noqa: E402
 
 from dispatcher.config import WORKER_DSN_ENV, ConfigError, config_from_text, read_config_text  # noqa: E402
 from dispatcher.runtime.exitcodes import ExitCode  # noqa: E402
+from dispatcher.runtime.heap import settle_heap  # noqa: E402
 from dispatcher.runtime.logsetup import configure_logging  # noqa: E402
 
 
@@ -55,6 +57,7 @@ def main() -> int:
     except Exception as exc:  # anything else before "ready" is a boot failure too, never a crash loop
         print(f"dispatcher worker {args.owner}: boot failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return ExitCode.WORKER_BOOT_FAILED
+    _settle_heap(args.owner)
     if args.heartbeat:
         _report_ready(args.heartbeat)
     gevent.signal_handler(signal.SIGTERM, worker.stop)
@@ -62,6 +65,14 @@ def main() -> int:
     gevent.signal_handler(signal.SIGINT, lambda: os._exit(ExitCode.OK))
     worker.run()
     return ExitCode.OK
+
+
+def _settle_heap(owner: str) -> None:
+    # After boot, before the first claim: what boot made is frozen (dispatcher.runtime.heap).
+    settled = settle_heap()
+    logging.getLogger("dispatcher.worker").info(
+        "worker %s heap settled: %d boot objects frozen, collector thresholds %s event=heap_settled",
+        owner, settled.frozen, "/".join(map(str, settled.thresholds)))
 
 
 def _report_ready(path: str) -> None:

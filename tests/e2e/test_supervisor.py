@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from dispatcher.runtime.exitcodes import ExitCode
+from dispatcher.runtime.heap import YOUNG_THRESHOLD
 from dispatcher_devtools.kit import (
     REPO,
     SECRET,
@@ -404,6 +405,22 @@ def test_workers_boot_from_the_config_the_supervisor_runs_not_the_file(db, make_
         log = dispatcher.log()
     assert "boot failed" not in log and "halting" not in log
     assert log.count("spawned worker") == 2
+
+
+def test_each_worker_freezes_its_boot_heap_before_serving(db, make_config, tmp_path: Path) -> None:
+    # dispatcher.runtime.heap: a worker's collector is settled once boot is done, before its
+    # first claim, in the worker's own process (what the line reports is read from its gc).
+    with Dispatcher(make_config(workers={"processes": 2}), tmp_path / "d.log") as dispatcher:
+        pids = workers_up(dispatcher, 2)
+        owners = {owner_of(pid) for pid in pids}
+        log = dispatcher.log()
+    settled = {found[1]: (int(found[2]), found[3]) for found in re.finditer(
+        r"worker (\S+) heap settled: (\d+) boot objects frozen, collector thresholds (\S+) event=heap_settled", log)}
+    assert set(settled) == owners
+    for owner, (frozen, thresholds) in settled.items():
+        assert frozen > 10_000, (owner, frozen)
+        assert thresholds.split("/")[0] == str(YOUNG_THRESHOLD)
+        assert log.index(f"worker {owner} heap settled") < log.index(f"worker {owner} started")
 
 
 def test_a_broken_worker_install_halts_instead_of_crash_looping(db, make_config, tmp_path: Path) -> None:
