@@ -489,6 +489,10 @@ class _BaseTransport:
             return self._failed(*_classify(exc), started)
         finally:
             deadline.close()
+            # A deadline that fired holds its traceback, which holds this frame, which holds the
+            # deadline: a cycle of every frame down to the socket wait, with what they held, left
+            # for the collector.  Dropping the name frees it all now (runtime/heap.py).
+            del deadline
         return TransportResult(status, data, None, "", retry_after, time.monotonic() - started)
 
     def _new_deadline(self) -> Any:

@@ -13,9 +13,10 @@ with OpenTelemetry), 23 to 32 ms each.  So, once boot is over:
 * a young pass waits for ``YOUNG_THRESHOLD`` net allocations.  Objects that die
   by reference counting before then (a request's, an attempt's) are never
   walked, and fewer survivors are promoted to the older generations.  Cycles
-  still get collected, later: a failed attempt's exception (its traceback holds
-  its frames) waits longer for it, which cost the ``internet`` benchmark's
-  workers 12 MB more at their peak (77 MB against 65), flat over the run.
+  still get collected, later, so whatever a cycle holds stays that much longer:
+  the transport breaks the one a failed attempt made (its deadline and its
+  traceback), which had cost the ``internet`` benchmark's workers 12 MB more at
+  their peak (77 MB against 65) until it did.
 
 Only a worker process does this (``worker_main``): a producer's or a test's
 process keeps its own collector as it is.

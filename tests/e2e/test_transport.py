@@ -15,7 +15,18 @@ import pytest
 
 from dispatcher.outbound import transport as transport_module
 from dispatcher.outbound.transport import _PoolCache, make_transport
-from tests.support import KINDS, LoopbackServer, Peer, Request, post, post_green, responder, response
+from tests.support import (
+    KINDS,
+    LOOPBACK_POLICY,
+    LoopbackServer,
+    Peer,
+    Request,
+    post,
+    post_green,
+    responder,
+    response,
+    run_green,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,6 +220,24 @@ def test_connect_failure_moves_on_to_the_next_checked_address(kind: str) -> None
         )
     assert run.only["status"] == 200
     assert run.dials == [("127.0.0.2", server.port), ("127.0.0.1", server.port)]
+
+
+@by_kind
+def test_a_failed_attempt_leaves_no_cycle_for_the_collector(kind: str) -> None:
+    # A worker's young collections run 10,000 allocations apart (runtime/heap.py): a cycle left
+    # by each failed attempt would keep every frame down to its socket wait, and what those
+    # frames held, alive that long.  One server that never answers (the deadline fires) and a
+    # port that refuses.
+    with socket.socket() as silent, socket.socket() as closed:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        closed.bind(("127.0.0.1", 0))
+        urls = [f"http://127.0.0.1:{silent.getsockname()[1]}/hook"] * 3 + \
+               [f"http://127.0.0.1:{closed.getsockname()[1]}/hook"] * 3
+        out = run_green("tests.support.green:cycles_after_posts",
+                        {"kind": kind, "transport": {"timeout": 0.2, "policy": LOOPBACK_POLICY}, "urls": urls})
+    assert out["errors"] == ["timeout"] * 3 + ["connection"] * 3
+    assert out["frames_in_cycles"] == []
 
 
 def _has_ipv6_loopback() -> bool:

@@ -30,6 +30,7 @@ import base64  # noqa: E402
 import importlib  # noqa: E402
 import ipaddress  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
@@ -132,6 +133,33 @@ def post_scenario(
         "elapsed": elapsed,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def cycles_after_posts(kind: str, transport: dict[str, Any], urls: list[str]) -> dict[str, Any]:
+    """Post to each of ``urls`` and report the errors and the frames of ``dispatcher.outbound``
+    that only the cyclic garbage collector would free (found with ``gc.DEBUG_SAVEALL``)."""
+    import gc
+    import types
+
+    from dispatcher.outbound.netguard import OutboundPolicy
+    from dispatcher.outbound.transport import make_transport
+
+    options = dict(transport)
+    policy = OutboundPolicy(**options.pop("policy"))
+    client = make_transport(kind, policy=policy, **options)  # type: ignore[arg-type]
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        errors = [client.post(url, {"Content-Type": "application/json"}, b"{}").error for url in urls]
+        gc.collect()
+        frames = sorted({f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)})"
+                         for frame in gc.garbage if isinstance(frame, types.FrameType)
+                         and "dispatcher" + os.sep + "outbound" in frame.f_code.co_filename})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        client.close()
+    return {"errors": errors, "frames_in_cycles": frames}
 
 
 def bench(kind: str, url: str, seconds: float = 3.0, concurrency: int = 32, body_size: int = 1024) -> dict[str, Any]:
