@@ -22,17 +22,17 @@ settled = settle_heap()
 class Node:
     pass
 
-# Cycles made after boot are still found: more than a young threshold's worth of them.
+# Cycles made after boot are still found by the collector's own passes (no gc.collect() here):
+# three young thresholds' worth of them.
 freed = []
 for _ in range(3 * settled.thresholds[0]):
     node = Node()
     node.self = node
     weakref.finalize(node, freed.append, 1)
 del node
-gc.collect()
 print(json.dumps({"before": before, "frozen": settled.frozen, "thresholds": settled.thresholds,
                   "counted_frozen": gc.get_freeze_count(), "now": gc.get_threshold(), "freed": len(freed),
-                  "made": 3 * settled.thresholds[0]}))
+                  "made": 3 * settled.thresholds[0], "enabled": gc.isenabled()}))
 '''
 
 
@@ -53,5 +53,9 @@ def test_settling_freezes_what_boot_made_and_raises_only_the_young_threshold() -
 
 
 def test_cycles_made_after_settling_are_still_collected() -> None:
+    # Without an explicit collection: at most about a young threshold's worth may still wait.
     seen = probe()
-    assert seen["freed"] == seen["made"]
+    assert seen["enabled"] is True
+    made, freed = seen["made"], seen["freed"]
+    assert isinstance(made, int) and isinstance(freed, int)
+    assert made - 2 * YOUNG_THRESHOLD <= freed <= made
