@@ -69,6 +69,13 @@ def summary_ms(seconds: Sequence[float]) -> dict[str, float | int | None]:
             "p99_ms": ms(percentile(seconds, 99)), "max_ms": ms(max(seconds) if seconds else None)}
 
 
+def paired_order(pairs: int, labels: tuple[str, str]) -> list[str]:
+    """``pairs`` adjacent pairs of the two labels, alternating which goes first: a, b, b, a, a, b, ...
+    A drift of the machine then weighs on both sides alike, and each pair's two runs share its phase."""
+    first, second = labels
+    return [label for pair in range(pairs) for label in ((first, second) if pair % 2 == 0 else (second, first))]
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from benchmarks.harness import paired_order
 from benchmarks.throughput import drain
 
 TARGET_COST = 0.05   # at most this share of the untraced throughput
@@ -66,17 +67,12 @@ def otlp_sink() -> Iterator[str]:
         server.server_close()
 
 
-def _order(pairs: int) -> list[str]:
-    """The measured drains: off/on, on/off, off/on, ... (the warm-up is not in it)."""
-    return [label for pair in range(pairs) for label in (("off", "on") if pair % 2 == 0 else ("on", "off"))]
-
-
 def run(tiny: bool = False, client: str | None = None, processes: int = 2, events: int | None = None,
         pairs: int | None = None) -> dict[str, Any]:
     events = 50 if tiny else events or 2_000
     pairs = 1 if tiny else pairs or DEFAULT_PAIRS
     workspaces = 10 if tiny else 100
-    order = _order(pairs)
+    order = paired_order(pairs, ("off", "on"))  # the warm-up is not in it
     with otlp_sink() as endpoint:
         traced = {"tracing": {"enabled": True, "exporter": "otlp", "endpoint": endpoint,
                               "sample_ratio": SAMPLE_RATIO}}
@@ -118,7 +114,7 @@ def _summary(order: list[str], measured: list[tuple[str, dict[str, Any]]],
         "each_off": [r["deliveries_per_s"] for r in runs["off"]],
         "each_on": [r["deliveries_per_s"] for r in runs["on"]],
         "pair_costs": pair_costs,
-        "median_pair_cost": statistics.median([c for c in pair_costs if c is not None] or [0.0]),
+        "median_pair_cost": round(statistics.median([c for c in pair_costs if c is not None] or [0.0]), 4),
         "dispatcher_cpu_ms_per_delivery_off": round(cpu["off"], 4),
         "dispatcher_cpu_ms_per_delivery_on": round(cpu["on"], 4),
         "cpu_cost_per_delivery": cpu_cost, **others,

@@ -4,6 +4,7 @@ nothing, and CI machines are shared."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import psycopg2
@@ -174,7 +175,10 @@ def test_hot_measures_each_case_against_its_baseline_in_the_same_run(results: di
         for run in spread[key]:
             assert run["statuses"] == {"delivered": run["deliveries"]} and run["deliveries"] > 0
     among = hot["hot_among_999"]
-    assert len(among["without_hot"]) == len(among["with_hot"]) == 2
+    assert among["order"] == ["without_hot", "with_hot", "with_hot", "without_hot"]
+    assert len(among["without_hot"]) == len(among["with_hot"]) == len(among["pair_time_ratios"]) == 2
+    assert among["time_ratio_with_to_without"] == pytest.approx(statistics.median(among["pair_time_ratios"]),
+                                                                abs=0.001)
     for alone, beside in zip(among["without_hot"], among["with_hot"], strict=True):
         assert set(alone["groups"]) == {"others"} and set(beside["groups"]) == {"others", "hot"}
         assert alone["groups"]["others"]["rows"] == beside["groups"]["others"]["rows"] == \
