@@ -23,7 +23,7 @@ Cases:
   endpoints of its workspace) over 10 x 10 endpoints, then over 100 x 10, 100,000
   pending each; target rate(100) / rate(1,000) >= 0.9;
 * ``hot_among_999``: 999 endpoints with 50 pending each, alone and next to a hot
-  endpoint with 50,000 (inserted first), in 3 adjacent pairs of drains (2 with
+  endpoint with 50,000 (inserted first), in 5 adjacent pairs of drains (2 with
   ``--tiny``), every endpoint answering after 10 ms; the clock of each stops when
   the 999 have drained (the hot endpoint is not waited for).  Targets: the median
   of the pairs' time ratios (with the hot one / without) <= 1.1,
@@ -73,7 +73,7 @@ class Sizes:
 
 
 FULL = Sizes(one_10ms=3_000, one_fast=10_000, spread_events=10_000, hot=50_000, others_each=50, probe_s=5.0,
-             among_pairs=3)
+             among_pairs=5)
 TINY = Sizes(one_10ms=200, one_fast=500, spread_events=200, hot=2_000, others_each=5, probe_s=1.0,
              among_pairs=2)
 
