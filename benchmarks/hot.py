@@ -254,12 +254,15 @@ def hot_among(*, hot: int, each: int, processes: int, client: str | None, pairs:
     both runs of one pair, and one such phase cannot decide the result as it did a mean of two
     runs a side.  The pooled ratio (mean time with over mean time without) is reported beside it."""
     phases: dict[str, list[dict[str, Any]]] = {"without_hot": [], "with_hot": []}
-    for phase in paired_order(pairs, ("without_hot", "with_hot")):
+    order = paired_order(pairs, ("without_hot", "with_hot"))
+    for phase in order:
         phases[phase].append(_among_drain(phase, hot=hot, each=each, processes=processes, client=client))
     alone, beside = (_mean_seconds(phases[name], "others") for name in ("without_hot", "with_hot"))
-    pair_ratios = [round(w["groups"]["others"]["seconds"] / a["groups"]["others"]["seconds"], 3)
-                   for a, w in zip(phases["without_hot"], phases["with_hot"], strict=True)]
-    ratio = round(statistics.median(pair_ratios), 3) if all(pair_ratios) else None
+    pair_seconds = [(a["groups"]["others"]["seconds"], w["groups"]["others"]["seconds"])
+                    for a, w in zip(phases["without_hot"], phases["with_hot"], strict=True)]
+    pair_ratios = [round(w / a, 3) if a and w else None for a, w in pair_seconds]
+    known = [r for r in pair_ratios if r is not None]
+    ratio = round(statistics.median(known), 3) if known and len(known) == len(pair_ratios) else None
     runs = [run for pair in phases.values() for run in pair]
     peaks = [max((run["max_concurrency_by_endpoint"] or {}).values(), default=0) for run in runs]
     lost = sum(run["groups"]["others"]["rows"] - run["groups"]["others"]["delivered"] for run in runs)
@@ -267,7 +270,7 @@ def hot_among(*, hot: int, each: int, processes: int, client: str | None, pairs:
     hot_rates = [run["groups"]["hot"]["deliveries_per_s"] or 0.0 for run in phases["with_hot"]]
     return {"receiver": f"mock receiver, every endpoint answering after {LATENCY_MS} ms, verifying",
             "hot_pending": hot, "others_pending_each": each,
-            "order": paired_order(pairs, ("without_hot", "with_hot")),
+            "order": order,
             "others_seconds_without_hot": alone, "others_seconds_with_hot": beside,
             "pair_time_ratios": pair_ratios,
             "time_ratio_pooled": round(beside / alone, 3) if alone and beside else None,
