@@ -53,6 +53,7 @@ from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.lane import LanePolicy, running_mean
 from dispatcher.rules.wake import WakeWatch
 from dispatcher.runtime.deadline import database_bound
+from dispatcher.runtime.logsetup import LineLog
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import EVERY_ID, ClaimedRow, ClaimWindow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher.store.notices import NoticeStore
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from dispatcher.engine.upkeep import Upkeep
 
 log = logging.getLogger("dispatcher.worker")
-attempt_log = logging.getLogger("dispatcher.attempt")
+attempt_log = LineLog("dispatcher.attempt")  # one line per delivery: the cheap path (runtime.logsetup)
 
 # The pause after a claim that found some due rows but fewer than it could
 # take: short enough that a row committed under steady load is picked up within
@@ -584,9 +585,9 @@ class Worker:
         if len(self._finished) >= self.config.workers.claim_batch:
             self._flush_now.set()
         record = attempt.record
-        attempt_log.info("attempt event_id=%s endpoint_id=%d attempt=%d status=%s result=%s duration_ms=%d",
-                         attempt.event_id, record.endpoint_id, record.attempt, record.status, record.result,
-                         record.duration_ms)
+        attempt_log.info(f"attempt event_id={attempt.event_id} endpoint_id={record.endpoint_id} "
+                         f"attempt={record.attempt} status={record.status} result={record.result} "
+                         f"duration_ms={record.duration_ms}")
 
     # -- recording ---------------------------------------------------------
 

@@ -13,7 +13,11 @@ a second.  So (docs/benchmarks.md has the profile):
   line is written at once, together with the attempt lines before it, so
   lifecycle and warning lines appear exactly when they did, in order;
 * the timestamp's date-time part is formatted once per second, not per line;
-* the caller's file/line lookup (``logging._srcfile``) is off: no format uses it.
+* the caller's file/line lookup (``logging._srcfile``) is off: no format uses it;
+* an attempt line skips the logging machinery when nothing but this handler would
+  see its record (:class:`LineLog`): the same text, put in the buffer directly.
+  A ``LogRecord``, its handler lookup and its formatting cost 7.4 us a line; a
+  worker writes one per delivery (docs/benchmarks.md, "The attempt line").
 
 Every record is one line that starts with its timestamp, and no other line
 does: control characters in a record's text (a decoded request path, a
@@ -74,11 +78,21 @@ class BufferedLineHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
+        self._buffer(line, record.name in BATCHED_LOGGERS and record.levelno < logging.WARNING)
+
+    def emit_info(self, formatter: _Formatter, name: str, message: str) -> None:
+        """An INFO line of logger ``name``, as :meth:`emit` would write its record (``LineLog``)."""
+        line = formatter.info_line(name, message, time.time()) + "\n"
+        with self.lock:  # type: ignore[union-attr]  # createLock made it
+            self._buffer(line, name in BATCHED_LOGGERS)
+
+    def _buffer(self, line: str, batched: bool) -> None:
+        """Add ``line``; write the buffer now unless the line may wait; the caller holds the lock."""
         if not self._lines:
             self._oldest = time.monotonic()
         self._lines.append(line)
         self._size += len(line)
-        if record.name not in BATCHED_LOGGERS or record.levelno >= logging.WARNING or self._size >= FLUSH_BYTES:
+        if not batched or self._size >= FLUSH_BYTES:
             self._write()
 
     def _write(self) -> None:
@@ -137,6 +151,8 @@ def _escaped(char: re.Match[str]) -> str:
 
 def escape_controls(text: str) -> str:
     """``text`` with every control character written as its escape (``\\n``, ``\\x1b``)."""
+    if text.isprintable():  # in C, and true of nearly every line: none of _CONTROL is printable
+        return text
     return _CONTROL.sub(_escaped, text) if _CONTROL.search(text) else text
 
 
@@ -152,14 +168,31 @@ class _Formatter(logging.Formatter):
     _second = -1
     _prefix = ""
 
+    def __init__(self, fmt: str) -> None:
+        super().__init__(fmt)
+        # info_line fills these fields itself; a format naming any other takes the record's path.
+        self.fills_info_lines = set(_FIELD.findall(fmt)) <= {"asctime", "levelname", "name", "message"}
+
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         if datefmt is not None:
             return super().formatTime(record, datefmt)
-        second = int(record.created)
+        return self._stamp(record.created, int(record.msecs))
+
+    def _stamp(self, created: float, msecs: int) -> str:
+        second = int(created)
         if second != self._second:
             self._prefix = time.strftime(self.default_time_format, self.converter(second))
             self._second = second
-        return f"{self._prefix},{int(record.msecs):03d}"
+        return f"{self._prefix},{msecs:03d}"
+
+    def info_line(self, name: str, message: str, created: float) -> str:
+        """The text ``format`` gives an INFO record of ``name`` with ``message`` (no arguments,
+        no exception) made at ``created``; only for a format that ``fills_info_lines``."""
+        # The record's own msecs rule (logging.LogRecord, Python 3.11): the fraction, truncated.
+        stamp = self._stamp(created, int((created - int(created)) * 1000))
+        # Escaped whole, as formatMessage escapes the record's formatted text.
+        return escape_controls(self._fmt % {"asctime": stamp, "levelname": "INFO",  # type: ignore[operator]
+                                            "name": name, "message": message})
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
         return escape_controls(super().formatMessage(record))
@@ -169,6 +202,47 @@ class _Formatter(logging.Formatter):
 
     def formatStack(self, stack_info: str) -> str:  # noqa: N802
         return _indented(super().formatStack(stack_info))
+
+
+_FIELD = re.compile(r"%\((\w+)\)")
+
+
+class LineLog:
+    """INFO lines of one logger, at a fraction of ``Logger.info``'s cost when the only thing that
+    would see their records is the configured :class:`BufferedLineHandler`: no filter, no other
+    handler on the logger or an ancestor (a test's capture, say) and a format it can fill.
+    Otherwise each line goes through ``Logger.info`` as usual.  The text is the same either way."""
+
+    def __init__(self, name: str) -> None:
+        self._logger = logging.getLogger(name)
+
+    def info(self, message: str) -> None:
+        logger = self._logger
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        handler = _sole_handler(logger)
+        formatter = handler.formatter if handler is not None else None
+        if handler is None or not isinstance(formatter, _Formatter) or not formatter.fills_info_lines:
+            logger.info(message)  # no arguments: the message is not %-formatted
+            return
+        handler.emit_info(formatter, logger.name, message)
+
+
+def _sole_handler(logger: logging.Logger) -> BufferedLineHandler | None:
+    """The root's one BufferedLineHandler, if a record of ``logger`` at INFO would reach it and
+    nothing else: no filter or handler on the way, and the handler's level lets INFO through."""
+    node: logging.Logger | None = logger
+    while node is not None and node is not logging.root:
+        if node.handlers or node.filters or not node.propagate:
+            return None
+        node = node.parent
+    handlers = logging.root.handlers
+    if logging.root.filters or len(handlers) != 1:
+        return None
+    handler = handlers[0]
+    if type(handler) is not BufferedLineHandler or handler.filters or handler.level > logging.INFO:
+        return None
+    return handler
 
 
 def _open_handler(path: str) -> logging.Handler:
