@@ -46,6 +46,7 @@ from dispatcher.config import Config
 from dispatcher.engine.delivery import Attempt, DeliveryMaker
 from dispatcher.engine.notifier import OwnerNotices
 from dispatcher.engine.replayer import BulkReplayer
+from dispatcher.linelog import LineLog
 from dispatcher.metrics import Metrics
 from dispatcher.rules.backoff import Backoff
 from dispatcher.rules.breaker import BreakerBatch, BreakerPolicy, BreakerSignal, BreakerWrite, Signal
@@ -53,7 +54,6 @@ from dispatcher.rules.bulk_replay import BulkReplayPolicy
 from dispatcher.rules.lane import LanePolicy, running_mean
 from dispatcher.rules.wake import WakeWatch
 from dispatcher.runtime.deadline import database_bound
-from dispatcher.runtime.logsetup import LineLog
 from dispatcher.store import DatabaseUnavailable, QueryRejected, StoreError
 from dispatcher.store.engine import EVERY_ID, ClaimedRow, ClaimWindow, EngineStore, ManagedConnection, SlotEntry
 from dispatcher.store.notices import NoticeStore
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from dispatcher.engine.upkeep import Upkeep
 
 log = logging.getLogger("dispatcher.worker")
-attempt_log = LineLog("dispatcher.attempt")  # one line per delivery: the cheap path (runtime.logsetup)
+attempt_log = LineLog("dispatcher.attempt")  # one line per delivery: the cheap path (dispatcher.linelog)
 
 # The pause after a claim that found some due rows but fewer than it could
 # take: short enough that a row committed under steady load is picked up within

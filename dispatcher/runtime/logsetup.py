@@ -15,7 +15,8 @@ a second.  So (docs/benchmarks.md has the profile):
 * the timestamp's date-time part is formatted once per second, not per line;
 * the caller's file/line lookup (``logging._srcfile``) is off: no format uses it;
 * an attempt line skips the logging machinery when nothing but this handler would
-  see its record (:class:`LineLog`): the same text, put in the buffer directly.
+  see its record (``dispatcher.linelog``, :meth:`BufferedLineHandler.emit_info`):
+  the same text, put in the buffer directly.
   A ``LogRecord``, its handler lookup and its formatting cost 7.4 us a line; a
   worker writes one per delivery (docs/benchmarks.md, "The attempt line").
 
@@ -80,11 +81,16 @@ class BufferedLineHandler(logging.Handler):
             return
         self._buffer(line, record.name in BATCHED_LOGGERS and record.levelno < logging.WARNING)
 
-    def emit_info(self, formatter: _Formatter, name: str, message: str) -> None:
-        """An INFO line of logger ``name``, as :meth:`emit` would write its record (``LineLog``)."""
+    def emit_info(self, name: str, message: str) -> bool:
+        """An INFO line of logger ``name``, as :meth:`emit` would write its record
+        (``dispatcher.linelog.LineLog``); False: its format needs a record, nothing was written."""
+        formatter = self.formatter
+        if not isinstance(formatter, _Formatter) or not formatter.fills_info_lines:
+            return False
         line = formatter.info_line(name, message, time.time()) + "\n"
         with self.lock:  # type: ignore[union-attr]  # createLock made it
             self._buffer(line, name in BATCHED_LOGGERS)
+        return True
 
     def _buffer(self, line: str, batched: bool) -> None:
         """Add ``line``; write the buffer now unless the line may wait; the caller holds the lock."""
@@ -205,44 +211,6 @@ class _Formatter(logging.Formatter):
 
 
 _FIELD = re.compile(r"%\((\w+)\)")
-
-
-class LineLog:
-    """INFO lines of one logger, at a fraction of ``Logger.info``'s cost when the only thing that
-    would see their records is the configured :class:`BufferedLineHandler`: no filter, no other
-    handler on the logger or an ancestor (a test's capture, say) and a format it can fill.
-    Otherwise each line goes through ``Logger.info`` as usual.  The text is the same either way."""
-
-    def __init__(self, name: str) -> None:
-        self._logger = logging.getLogger(name)
-
-    def info(self, message: str) -> None:
-        logger = self._logger
-        if not logger.isEnabledFor(logging.INFO):
-            return
-        handler = _sole_handler(logger)
-        formatter = handler.formatter if handler is not None else None
-        if handler is None or not isinstance(formatter, _Formatter) or not formatter.fills_info_lines:
-            logger.info(message)  # no arguments: the message is not %-formatted
-            return
-        handler.emit_info(formatter, logger.name, message)
-
-
-def _sole_handler(logger: logging.Logger) -> BufferedLineHandler | None:
-    """The root's one BufferedLineHandler, if a record of ``logger`` at INFO would reach it and
-    nothing else: no filter or handler on the way, and the handler's level lets INFO through."""
-    node: logging.Logger | None = logger
-    while node is not None and node is not logging.root:
-        if node.handlers or node.filters or not node.propagate:
-            return None
-        node = node.parent
-    handlers = logging.root.handlers
-    if logging.root.filters or len(handlers) != 1:
-        return None
-    handler = handlers[0]
-    if type(handler) is not BufferedLineHandler or handler.filters or handler.level > logging.INFO:
-        return None
-    return handler
 
 
 def _open_handler(path: str) -> logging.Handler:
