@@ -10,58 +10,34 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from dispatcher.config import LoggingConfig
-from dispatcher.runtime.logsetup import configure_logging
+from tests.support.logfile import LogFile
 
 FORGED = "2026-01-01 00:00:00,000 ERROR [api] dispatcher.api forged"
 RECORD_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ")
 
 
-@pytest.fixture
-def log_file(tmp_path: Path) -> Iterator[Path]:
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
-    path = tmp_path / "dispatcher.log"
-    configure_logging(LoggingConfig(level="INFO", file=str(path)), "api")
-    try:
-        yield path
-    finally:
-        for handler in root.handlers:
-            handler.close()
-        root.handlers[:], level = saved
-        root.setLevel(level)
-
-
-def _lines(path: Path) -> list[str]:
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    return path.read_text().splitlines()
-
-
-def test_a_decoded_path_in_a_message_stays_on_its_line(log_file: Path) -> None:
+def test_a_decoded_path_in_a_message_stays_on_its_line(log_file: LogFile) -> None:
     logging.getLogger("dispatcher.api").warning("GET %s: 503", f"/v2/x\n{FORGED}\r\x1b[2J\x85\u2028")
-    lines = _lines(log_file)
+    lines = log_file.lines()
     assert len(lines) == 1
     assert "\\n" + FORGED + "\\r\\x1b[2J\\x85\\u2028" in lines[0]
 
 
-def test_a_message_text_itself_is_escaped(log_file: Path) -> None:
+def test_a_message_text_itself_is_escaped(log_file: LogFile) -> None:
     logging.getLogger("dispatcher").error("refused\n" + FORGED)
-    assert _lines(log_file) == [_lines(log_file)[0]]
-    assert _lines(log_file)[0].endswith("refused\\n" + FORGED)
+    assert log_file.lines() == [log_file.lines()[0]]
+    assert log_file.lines()[0].endswith("refused\\n" + FORGED)
 
 
-def test_an_exception_text_cannot_start_a_record(log_file: Path) -> None:
+def test_an_exception_text_cannot_start_a_record(log_file: LogFile) -> None:
     try:
         raise ValueError("bad path /v2/x\n" + FORGED)
     except ValueError:
         logging.getLogger("dispatcher.api").exception("unhandled error in GET %s", "/v2/\nx")
-    lines = _lines(log_file)
+    lines = log_file.lines()
     starts = [line for line in lines if RECORD_START.match(line)]
     assert len(starts) == 1 and "unhandled error in GET /v2/\\nx" in starts[0]
     assert any("Traceback" in line for line in lines[1:])  # the traceback keeps its lines, indented
