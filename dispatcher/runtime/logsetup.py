@@ -17,8 +17,8 @@ a second.  So (docs/benchmarks.md has the profile):
 * an attempt line skips the logging machinery when nothing but this handler would
   see its record (``dispatcher.linelog``, :meth:`BufferedLineHandler.emit_info`):
   the same text, put in the buffer directly.
-  A ``LogRecord``, its handler lookup and its formatting cost 7.4 us a line; a
-  worker writes one per delivery (docs/benchmarks.md, "The attempt line").
+  A ``LogRecord``, its handler lookup and its formatting cost about 6 us a line,
+  this about 3; a worker writes one per delivery (docs/benchmarks.md, "The attempt line").
 
 Every record is one line that starts with its timestamp, and no other line
 does: control characters in a record's text (a decoded request path, a
@@ -167,6 +167,9 @@ def _indented(block: str) -> str:
     return "\n".join("    " + escape_controls(line) for line in block.split("\n"))
 
 
+_FIELD = re.compile(r"%\((\w+)\)")  # a %-style format's field names
+
+
 class _Formatter(logging.Formatter):
     """The stock ``%(asctime)s`` text, with the date-time part formatted once per second,
     and control characters escaped (see the module docstring)."""
@@ -208,9 +211,6 @@ class _Formatter(logging.Formatter):
 
     def formatStack(self, stack_info: str) -> str:  # noqa: N802
         return _indented(super().formatStack(stack_info))
-
-
-_FIELD = re.compile(r"%\((\w+)\)")
 
 
 def _open_handler(path: str) -> logging.Handler:
